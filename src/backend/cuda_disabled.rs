@@ -1,0 +1,1 @@
+//! Built without the `cuda` feature.

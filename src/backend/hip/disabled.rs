@@ -1,0 +1,1 @@
+//! Built without the `hip` feature: HIP is not available in this build.

@@ -1,0 +1,1 @@
+//! HIP backend (not implemented yet).

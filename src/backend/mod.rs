@@ -1,0 +1,105 @@
+//! The narrow interface every backend implements: describe the device, run
+//! one variant's plan on one workload, hand back outputs and timings.
+
+pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+#[cfg(not(feature = "cuda"))]
+#[path = "cuda_disabled.rs"]
+pub mod cuda;
+#[cfg(feature = "hip")]
+#[path = "hip/enabled.rs"]
+pub mod hip;
+#[cfg(not(feature = "hip"))]
+#[path = "hip/disabled.rs"]
+pub mod hip;
+
+use serde::Serialize;
+use thiserror::Error;
+
+use crate::case::Case;
+use crate::variants::VariantPlan;
+use crate::workload::Workload;
+
+/// What a backend runs on, with the measured ceilings used for fraction-of-peak.
+#[derive(Clone, Debug, Serialize)]
+pub struct DeviceInfo {
+    pub backend: String,
+    pub name: String,
+    pub compute_units: usize,
+    pub l2_bytes: usize,
+    /// Measured device-to-device copy bandwidth, GB/s (read + write bytes).
+    pub copy_gbps: Option<f64>,
+    /// Measured dense tensor-core rate, TFLOP/s.
+    pub tensor_tflops: Option<f64>,
+    /// Driver / runtime / compiler versions and clocks, free-form.
+    pub details: Vec<(String, String)>,
+}
+
+/// How to time a run.
+#[derive(Clone, Debug)]
+pub struct TimingOptions {
+    pub enabled: bool,
+    pub warmup: usize,
+    pub min_samples: usize,
+    pub min_time_ms: f64,
+    /// Rotate input copies / flush L2 so each sample starts cold.
+    pub cold_l2: bool,
+    /// Time replays of a captured CUDA graph.
+    pub graph: bool,
+}
+
+impl Default for TimingOptions {
+    fn default() -> Self {
+        TimingOptions { enabled: true, warmup: 3, min_samples: 10, min_time_ms: 50.0, cold_l2: true, graph: false }
+    }
+}
+
+/// An output tensor as the backend produced it, converted to f32.
+#[derive(Clone, Debug)]
+pub struct OutTensor {
+    /// Matches the reference tensor's name (`o.r0`, `lse.r0`, `o`, `lse`).
+    pub name: String,
+    /// Elements per row (rows index dimension 0: query rows).
+    pub row_len: usize,
+    pub data: Vec<f32>,
+}
+
+/// Latency samples of one run, in milliseconds.
+#[derive(Clone, Debug, Default)]
+pub struct Samples {
+    /// The attention kernel(s) alone.
+    pub kernel_ms: Vec<f64>,
+    /// Kernel plus merge/reduce: what a caller pays.
+    pub variant_ms: Vec<f64>,
+    /// `cuda-events`, `cuda-graph` or `cpu-wall`.
+    pub clock: String,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct RunOutput {
+    pub tensors: Vec<OutTensor>,
+    pub samples: Option<Samples>,
+    /// Backend-specific notes for the report (e.g. compile cache hits).
+    pub notes: Vec<String>,
+}
+
+#[derive(Debug, Error)]
+pub enum BackendError {
+    /// The backend cannot run this (variant not built, feature off): a skip.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    /// The run broke (launch failure, kernel fault, compile error).
+    #[error("{0}")]
+    Failed(String),
+    /// The device is unusable from now on (sticky CUDA error).
+    #[error("device lost: {0}")]
+    DeviceLost(String),
+}
+
+pub trait Backend {
+    fn info(&self) -> &DeviceInfo;
+    /// Runs one variant's plan on a workload. Outputs are poisoned before the
+    /// checked run so unwritten elements show up.
+    fn run(&mut self, case: &Case, workload: &Workload, plan: &VariantPlan, timing: &TimingOptions) -> Result<RunOutput, BackendError>;
+}

@@ -1,0 +1,200 @@
+//! One resolved case: the workload parameters, the variant to run and how to judge it.
+
+use serde::Serialize;
+use std::fmt;
+use std::path::PathBuf;
+
+use crate::metrics::Tolerances;
+use crate::plan::gate::TargetProfile;
+use crate::variants::VariantId;
+
+/// Element type of Q and KV for the MLA family. V4 is always native FP8.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Dtype {
+    Bf16,
+    Fp8,
+}
+
+impl fmt::Display for Dtype {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Dtype::Bf16 => "bf16",
+            Dtype::Fp8 => "fp8",
+        })
+    }
+}
+
+/// DeepSeek-V4 attention layer type, named by its compress ratio.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LayerType {
+    Swa,
+    Csa,
+    Hca,
+}
+
+impl LayerType {
+    pub fn compress_ratio(self) -> usize {
+        match self {
+            LayerType::Swa => 0,
+            LayerType::Csa => 4,
+            LayerType::Hca => 128,
+        }
+    }
+}
+
+impl fmt::Display for LayerType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LayerType::Swa => "swa",
+            LayerType::Csa => "csa",
+            LayerType::Hca => "hca",
+        })
+    }
+}
+
+/// Latent dims of the MLA family (SPEC §1).
+pub const MLA_D_QK: usize = 576;
+pub const MLA_D_V: usize = 512;
+/// V4 row: 448 fp8 nope + 64 bf16 rope; K and V are the same 512 elements.
+pub const V4_D_NOPE: usize = 448;
+pub const V4_D_ROPE: usize = 64;
+pub const V4_D: usize = 512;
+pub const V4_WINDOW: usize = 128;
+
+/// MLA decode workload (Kimi-K3 / DeepSeek-V3 style).
+#[derive(Clone, Debug, Serialize)]
+pub struct MlaParams {
+    pub batch: usize,
+    /// Global context length `L_b` of each sequence, query tokens included.
+    pub ctx: Vec<usize>,
+    /// How the lengths were specified, for ids and tables.
+    pub ctx_label: String,
+    pub heads_local: usize,
+    pub dcp_world: usize,
+    pub interleave: usize,
+    pub s_q: usize,
+    pub dtype: Dtype,
+    pub page_size: usize,
+    pub sm_scale: f64,
+}
+
+impl MlaParams {
+    /// Gathered heads every rank computes: `H_local * W`.
+    pub fn heads(&self) -> usize {
+        self.heads_local * self.dcp_world
+    }
+    pub fn total_q(&self) -> usize {
+        self.batch * self.s_q
+    }
+}
+
+/// DeepSeek-V4 decode workload: one row per decode or verify token.
+#[derive(Clone, Debug, Serialize)]
+pub struct V4Params {
+    pub layer: LayerType,
+    /// Real rows `N`.
+    pub rows: usize,
+    /// Padded row count `T >= N` (CUDA-graph size).
+    pub padded_rows: usize,
+    /// Query heads as the model has them; the kernel pads to at least 16.
+    pub heads: usize,
+    /// Global position of each real row.
+    pub positions: Vec<usize>,
+    pub pos_label: String,
+    /// Consecutive rows that belong to one sequence (1 = plain decode).
+    pub verify: usize,
+    pub index_topk: usize,
+    pub max_model_len: usize,
+    pub sm_scale: f64,
+}
+
+impl V4Params {
+    /// Heads the kernels run with (SPEC §2: fewer than 16 pad to 16).
+    pub fn kernel_heads(&self) -> usize {
+        self.heads.max(16)
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+#[serde(tag = "family", rename_all = "lowercase")]
+pub enum CaseParams {
+    Mla(MlaParams),
+    V4(V4Params),
+}
+
+/// Knobs of the V4 variants that are not workload shape.
+#[derive(Clone, Debug, Serialize)]
+pub struct V4Knobs {
+    pub min_rows: usize,
+    pub partitions: usize,
+    /// Fixed split count for `v4_split`; `None` = the heuristic's pick.
+    pub splits: Option<usize>,
+    /// Whether the hca_persist workspace exists (a capture without one falls back).
+    pub workspace: bool,
+}
+
+impl Default for V4Knobs {
+    fn default() -> Self {
+        V4Knobs {
+            min_rows: 15,
+            partitions: 128,
+            splits: None,
+            workspace: true,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Case {
+    /// Stable id of the workload; the same id and seed give the same bytes.
+    pub id: String,
+    pub variant: VariantId,
+    pub params: CaseParams,
+    /// Workload seed, derived from the scenario seed and the id.
+    pub seed: u64,
+    pub tol: Tolerances,
+    /// Run even when the dispatch gate rejects the variant.
+    pub force: bool,
+    pub target: TargetProfile,
+    /// Compute units the plans assume (profile default unless overridden).
+    pub cus: usize,
+    pub v4: V4Knobs,
+    pub scenario: PathBuf,
+}
+
+impl Case {
+    /// `id/variant`, the key of a report row.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.id, self.variant)
+    }
+
+    pub fn mla(&self) -> Option<&MlaParams> {
+        match &self.params {
+            CaseParams::Mla(p) => Some(p),
+            CaseParams::V4(_) => None,
+        }
+    }
+
+    pub fn v4(&self) -> Option<&V4Params> {
+        match &self.params {
+            CaseParams::V4(p) => Some(p),
+            CaseParams::Mla(_) => None,
+        }
+    }
+}
+
+/// FNV-1a, for seeds derived from ids: stable across platforms and releases.
+pub fn stable_hash(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for &b in *p {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        h ^= 0xff;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}

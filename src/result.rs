@@ -1,0 +1,87 @@
+//! One report row per (case, variant): what ran, how it was judged, how fast.
+
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+use crate::metrics::ErrorMetrics;
+use crate::stats::Summary;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    /// Every check within tolerance.
+    Pass,
+    /// A check failed (exit 1).
+    Fail,
+    /// The variant cannot run this case (gate, width, backend); not a failure.
+    Skip,
+    /// The run itself broke (launch error, kernel fault); counts as a failure.
+    Error,
+}
+
+/// One checked output tensor (e.g. `o.r3`, `lse`, `o`).
+#[derive(Clone, Debug, Serialize)]
+pub struct Check {
+    pub tensor: String,
+    /// `kernel` (decides pass/fail) or `quant` (fp8 quantization noise, informative).
+    pub level: String,
+    pub metrics: ErrorMetrics,
+    pub pass: bool,
+    /// Why it failed, in words (empty on pass).
+    pub why: String,
+}
+
+/// Latency of one timed region.
+#[derive(Clone, Debug, Serialize)]
+pub struct Latency {
+    /// `kernel` (the attention kernel alone) or `variant` (kernel + merge/reduce).
+    pub region: String,
+    /// `cuda-events`, `cuda-graph` or `cpu-wall`.
+    pub clock: String,
+    pub summary: Summary,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Row {
+    pub case_id: String,
+    pub variant: String,
+    pub backend: String,
+    pub status: Status,
+    /// Short reason for skip/fail/error; the gate's words when it decided.
+    pub reason: String,
+    /// The gate's decision and why, for MLA cases (`eligible: ...` / `rejected: ...`).
+    pub gate: String,
+    /// Run although the gate rejected it.
+    pub forced: bool,
+    /// Plan summary: padded heads, splits, work items, fallbacks.
+    pub plan: String,
+    /// Query rows checked against the reference, and of how many.
+    pub rows_checked: usize,
+    pub rows_total: usize,
+    pub checks: Vec<Check>,
+    pub latency: Vec<Latency>,
+    /// Bytes and FLOPs from visible lengths (SPEC §5).
+    pub bytes: f64,
+    pub flops: f64,
+    /// From the `variant` median when timed.
+    pub gbps: Option<f64>,
+    pub tflops: Option<f64>,
+    pub frac_bw: Option<f64>,
+    pub frac_tc: Option<f64>,
+    /// Workload shape and knobs, as key/value (the fixed-schema CSV's params column).
+    pub params: BTreeMap<String, String>,
+    pub repro: String,
+}
+
+impl Row {
+    /// The worst kernel-level check, for one-line summaries.
+    pub fn worst(&self) -> Option<&Check> {
+        self.checks
+            .iter()
+            .filter(|c| c.level == "kernel")
+            .max_by(|a, b| a.metrics.cos_diff.partial_cmp(&b.metrics.cos_diff).unwrap_or(std::cmp::Ordering::Equal))
+    }
+    pub fn median_ms(&self, region: &str) -> Option<f64> {
+        self.latency.iter().find(|l| l.region == region).map(|l| l.summary.median)
+    }
+}

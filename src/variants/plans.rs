@@ -1,0 +1,2 @@
+//! Plan types produced by the variants.
+pub enum VariantPlan {}

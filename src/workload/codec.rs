@@ -1,0 +1,185 @@
+//! Number formats the kernels read: OCP fp8 e4m3 (fn), UE8M0 scales, bf16.
+
+use half::bf16;
+
+/// Largest finite e4m3fn value.
+pub const E4M3_MAX: f32 = 448.0;
+/// e4m3fn has no infinity; 0x7F (and 0xFF) is NaN.
+pub const E4M3_NAN: u8 = 0x7F;
+
+/// Decodes one e4m3fn byte (bias 7, 3 mantissa bits, no inf).
+pub fn e4m3_to_f32(b: u8) -> f32 {
+    let sign = if b & 0x80 != 0 { -1.0 } else { 1.0 };
+    let exp = ((b >> 3) & 0x0F) as i32;
+    let man = (b & 0x07) as f32;
+    if exp == 0x0F && (b & 0x07) == 0x07 {
+        return f32::NAN;
+    }
+    if exp == 0 {
+        sign * man / 8.0 * 2f32.powi(-6)
+    } else {
+        sign * (1.0 + man / 8.0) * 2f32.powi(exp - 7)
+    }
+}
+
+/// Lookup table of all 256 decodes; the hot paths use this.
+pub fn e4m3_table() -> &'static [f32; 256] {
+    use std::sync::OnceLock;
+    static T: OnceLock<[f32; 256]> = OnceLock::new();
+    T.get_or_init(|| {
+        let mut t = [0f32; 256];
+        for (i, v) in t.iter_mut().enumerate() {
+            *v = e4m3_to_f32(i as u8);
+        }
+        t
+    })
+}
+
+/// Encodes with round-to-nearest-even, saturating to +-448 (as the
+/// frameworks' `to(float8_e4m3fn)` after a clamp). NaN maps to NaN.
+pub fn f32_to_e4m3(x: f32) -> u8 {
+    if x.is_nan() {
+        return E4M3_NAN;
+    }
+    let sign: u8 = if x.is_sign_negative() { 0x80 } else { 0 };
+    let a = x.abs().min(E4M3_MAX);
+    if a == 0.0 {
+        return sign;
+    }
+    // Smallest normal is 2^-6; subnormal step is 2^-9.
+    let (exp, step) = if a < 2f32.powi(-6) {
+        (0i32, 2f32.powi(-9))
+    } else {
+        let e = a.log2().floor() as i32;
+        // log2 can be off by one near powers of two.
+        let e = if 2f32.powi(e) > a {
+            e - 1
+        } else if 2f32.powi(e + 1) <= a {
+            e + 1
+        } else {
+            e
+        };
+        (e, 2f32.powi(e - 3))
+    };
+    let q = a / step;
+    let r = q.round_ties_even();
+    let mut bits_val = r * step;
+    if bits_val > E4M3_MAX {
+        bits_val = E4M3_MAX;
+    }
+    // Re-derive the encoding from the rounded value (rounding may carry into the next binade).
+    let _ = exp;
+    encode_exact(bits_val) | sign
+}
+
+/// Encodes a non-negative value that is exactly representable.
+fn encode_exact(v: f32) -> u8 {
+    if v == 0.0 {
+        return 0;
+    }
+    if v < 2f32.powi(-6) {
+        let m = (v / 2f32.powi(-9)).round() as u8;
+        return m & 0x07;
+    }
+    let e = v.log2().floor() as i32;
+    let e = if 2f32.powi(e) > v { e - 1 } else { e };
+    let m = ((v / 2f32.powi(e) - 1.0) * 8.0).round() as u8;
+    let (e, m) = if m == 8 { (e + 1, 0) } else { (e, m) };
+    (((e + 7) as u8) << 3) | (m & 0x07)
+}
+
+/// UE8M0 scale byte for a tile with absolute maximum `amax` (SPEC §2).
+pub fn ue8m0_for_amax(amax: f32) -> u8 {
+    let r = (amax / E4M3_MAX).max(1e-4);
+    let e = r.log2().ceil() as i32 + 127;
+    e.clamp(0, 254) as u8
+}
+
+/// The power of two a UE8M0 byte stands for.
+pub fn ue8m0_to_f32(e: u8) -> f32 {
+    2f32.powi(e as i32 - 127)
+}
+
+pub fn bf16_bits(x: f32) -> u16 {
+    bf16::from_f32(x).to_bits()
+}
+
+pub fn bf16_from_bits(b: u16) -> f32 {
+    bf16::from_bits(b).to_f32()
+}
+
+pub const BF16_NAN: u16 = 0x7FC0;
+
+/// Rounds to bf16 and back (what a bf16 tensor holds).
+pub fn round_bf16(x: f32) -> f32 {
+    bf16::from_f32(x).to_f32()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn e4m3_roundtrips_every_finite_code() {
+        for b in 0u8..=255 {
+            let v = e4m3_to_f32(b);
+            if v.is_nan() {
+                assert!(b & 0x7F == 0x7F, "only 0x7F/0xFF are NaN, got {b:#x}");
+                continue;
+            }
+            let back = f32_to_e4m3(v);
+            // +0 and -0 both decode to 0.
+            if v == 0.0 {
+                assert_eq!(back & 0x7F, 0);
+            } else {
+                assert_eq!(back, b, "code {b:#x} value {v}");
+            }
+        }
+    }
+
+    #[test]
+    fn e4m3_known_values_and_saturation() {
+        assert_eq!(e4m3_to_f32(0x7E), 448.0);
+        assert_eq!(e4m3_to_f32(0x08), 2f32.powi(-6));
+        assert_eq!(e4m3_to_f32(0x01), 2f32.powi(-9));
+        assert_eq!(f32_to_e4m3(1000.0), 0x7E);
+        assert_eq!(f32_to_e4m3(-1000.0), 0xFE);
+        assert_eq!(f32_to_e4m3(1.0), 0x38);
+        // 1.0625 is halfway between 1.0 and 1.125: ties to even (1.0).
+        assert_eq!(e4m3_to_f32(f32_to_e4m3(1.0625)), 1.0);
+        // 1.1875 is halfway between 1.125 and 1.25: ties to even (1.25).
+        assert_eq!(e4m3_to_f32(f32_to_e4m3(1.1875)), 1.25);
+        assert!(e4m3_to_f32(f32_to_e4m3(f32::NAN)).is_nan());
+    }
+
+    #[test]
+    fn e4m3_rounding_error_is_within_half_step() {
+        let mut x = -500.0f32;
+        while x < 500.0 {
+            let q = e4m3_to_f32(f32_to_e4m3(x));
+            let a = x.abs().min(448.0);
+            let step = if a < 2f32.powi(-6) {
+                2f32.powi(-9)
+            } else {
+                2f32.powi(a.log2().floor() as i32 - 3)
+            };
+            assert!((q.abs() - a).abs() <= step / 2.0 + 1e-6, "x={x} q={q}");
+            x += 0.37;
+        }
+    }
+
+    #[test]
+    fn ue8m0_scale_covers_tile_amax() {
+        for amax in [0.0f32, 1e-6, 0.01, 1.0, 3.5, 448.0, 449.0, 1e5] {
+            let e = ue8m0_for_amax(amax);
+            let s = ue8m0_to_f32(e);
+            assert!(amax / s <= 448.0, "amax {amax} scale {s}");
+            // The next smaller power of two would overflow (unless clamped at 1e-4).
+            if amax / 448.0 > 1e-4 {
+                assert!(amax / (s / 2.0) > 448.0);
+            }
+        }
+        assert_eq!(ue8m0_for_amax(448.0), 127);
+        assert_eq!(ue8m0_to_f32(127), 1.0);
+    }
+}

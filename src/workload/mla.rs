@@ -1,0 +1,263 @@
+//! MLA family inputs (SPEC §1): Q, the global KV and one paged pool per DCP rank.
+
+use anyhow::{ensure, Result};
+use rand::seq::SliceRandom;
+use rayon::prelude::*;
+
+use super::codec::{self, BF16_NAN, E4M3_MAX, E4M3_NAN};
+use super::dcp;
+use super::rng;
+use super::Elems;
+use crate::case::{Dtype, MlaParams, MLA_D_QK};
+
+#[derive(Debug)]
+pub struct MlaWorkload {
+    pub p: MlaParams,
+    /// `[total_q, H, 576]`, H = gathered heads (unpadded).
+    pub q: Elems,
+    /// Decoded Q values (scale not applied).
+    pub q_vals: Vec<f32>,
+    /// fp8 only: the unquantized Q (true values, scale folded in).
+    pub q_src: Option<Vec<f32>>,
+    pub q_scale: f32,
+    pub kv_scale: f32,
+    /// Every sequence's global tokens `[sum L, 576]`, decoded (scale not applied).
+    pub kv_vals: Vec<f32>,
+    /// fp8 only: unquantized KV (true values).
+    pub kv_src: Option<Vec<f32>>,
+    /// Offsets of each sequence in `kv_vals`; also the kernels' `g_kv_indptr`.
+    pub g_kv_indptr: Vec<i32>,
+    pub qo_indptr: Vec<i32>,
+    pub shards: Vec<MlaShard>,
+}
+
+/// One DCP rank's paged KV pool and page table.
+#[derive(Debug)]
+pub struct MlaShard {
+    pub rank: usize,
+    pub local_lens: Vec<usize>,
+    /// `[num_pages, page_size, 576]`; slots no token uses hold NaN.
+    pub pool: Elems,
+    pub num_pages: usize,
+    pub kv_indptr: Vec<i32>,
+    pub kv_indices: Vec<i32>,
+    pub kv_last_page_len: Vec<i32>,
+}
+
+impl MlaWorkload {
+    pub fn heads(&self) -> usize {
+        self.p.heads()
+    }
+    /// Decoded row of global token `t` of sequence `b`.
+    pub fn kv_row(&self, b: usize, t: usize) -> &[f32] {
+        let o = (self.g_kv_indptr[b] as usize + t) * MLA_D_QK;
+        &self.kv_vals[o..o + MLA_D_QK]
+    }
+}
+
+impl MlaShard {
+    /// Pool slot of local token `j` of sequence `b`.
+    pub fn slot(&self, b: usize, j: usize, page_size: usize) -> usize {
+        let page = self.kv_indices[self.kv_indptr[b] as usize + j / page_size] as usize;
+        page * page_size + j % page_size
+    }
+}
+
+const CHUNK: usize = 256 * MLA_D_QK;
+
+struct Quantized {
+    elems: Elems,
+    vals: Vec<f32>,
+    src: Option<Vec<f32>>,
+    scale: f32,
+}
+
+fn quantize(src: Vec<f32>, dtype: Dtype) -> Quantized {
+    match dtype {
+        Dtype::Bf16 => {
+            let bits: Vec<u16> = src.par_iter().map(|&x| codec::bf16_bits(x)).collect();
+            let vals = bits.par_iter().map(|&b| codec::bf16_from_bits(b)).collect();
+            Quantized {
+                elems: Elems::Bf16(bits),
+                vals,
+                src: None,
+                scale: 1.0,
+            }
+        }
+        Dtype::Fp8 => {
+            let amax = src.par_iter().fold(|| 0f32, |m, x| m.max(x.abs())).reduce(|| 0f32, f32::max);
+            let scale = if amax > 0.0 { amax / E4M3_MAX } else { 1.0 };
+            let bytes: Vec<u8> = src.par_iter().map(|&x| codec::f32_to_e4m3(x / scale)).collect();
+            let t = codec::e4m3_table();
+            let vals = bytes.par_iter().map(|&b| t[b as usize]).collect();
+            Quantized {
+                elems: Elems::Fp8(bytes),
+                vals,
+                src: Some(src),
+                scale,
+            }
+        }
+    }
+}
+
+pub fn build(p: &MlaParams, seed: u64) -> Result<MlaWorkload> {
+    ensure!(p.ctx.len() == p.batch, "context list has {} entries for batch {}", p.ctx.len(), p.batch);
+    ensure!(p.page_size == 1 || p.page_size == 64, "page size {} (1 or 64)", p.page_size);
+    let h = p.heads();
+    let total_q = p.total_q();
+
+    let mut q_src = vec![0f32; total_q * h * MLA_D_QK];
+    rng::par_fill_normal(&mut q_src, seed, "q", CHUNK, 1.0);
+    let q = quantize(q_src, p.dtype);
+
+    let mut g_kv_indptr = vec![0i32; p.batch + 1];
+    for b in 0..p.batch {
+        g_kv_indptr[b + 1] = g_kv_indptr[b] + p.ctx[b] as i32;
+    }
+    let total_kv = g_kv_indptr[p.batch] as usize;
+    let mut kv_src = vec![0f32; total_kv * MLA_D_QK];
+    rng::par_fill_normal(&mut kv_src, seed, "kv", CHUNK, 1.0);
+    let kv = quantize(kv_src, p.dtype);
+
+    let qo_indptr = (0..=p.batch).map(|b| (b * p.s_q) as i32).collect();
+
+    let shards = (0..p.dcp_world)
+        .map(|r| build_shard(p, r, &kv.elems, &g_kv_indptr, seed))
+        .collect();
+
+    Ok(MlaWorkload {
+        p: p.clone(),
+        q: q.elems,
+        q_vals: q.vals,
+        q_src: q.src,
+        q_scale: q.scale,
+        kv_scale: kv.scale,
+        kv_vals: kv.vals,
+        kv_src: kv.src,
+        g_kv_indptr,
+        qo_indptr,
+        shards,
+    })
+}
+
+fn build_shard(p: &MlaParams, r: usize, kv: &Elems, g_kv_indptr: &[i32], seed: u64) -> MlaShard {
+    let (w, s, ps) = (p.dcp_world, p.interleave, p.page_size);
+    let local_lens: Vec<usize> = p.ctx.iter().map(|&l| dcp::local_len(r, l, w, s)).collect();
+    let pages_per_seq: Vec<usize> = local_lens.iter().map(|&n| n.div_ceil(ps)).collect();
+    let used: usize = pages_per_seq.iter().sum();
+    // Slack pages stay NaN, so any read outside the page table shows up.
+    let num_pages = used + used / 16 + 1;
+    let mut perm: Vec<i32> = (0..num_pages as i32).collect();
+    perm.shuffle(&mut rng::stream(seed, &format!("pages{r}"), 0));
+
+    let mut kv_indptr = vec![0i32; p.batch + 1];
+    let mut kv_last_page_len = vec![0i32; p.batch];
+    for b in 0..p.batch {
+        kv_indptr[b + 1] = kv_indptr[b] + pages_per_seq[b] as i32;
+        let n = local_lens[b];
+        kv_last_page_len[b] = if n == 0 { 0 } else { (n - (pages_per_seq[b] - 1) * ps) as i32 };
+    }
+    let kv_indices: Vec<i32> = perm[..used].to_vec();
+
+    let slots = num_pages * ps * MLA_D_QK;
+    let mut shard = MlaShard {
+        rank: r,
+        local_lens,
+        pool: match kv {
+            Elems::Bf16(_) => Elems::Bf16(vec![BF16_NAN; slots]),
+            Elems::Fp8(_) => Elems::Fp8(vec![E4M3_NAN; slots]),
+        },
+        num_pages,
+        kv_indptr,
+        kv_indices,
+        kv_last_page_len,
+    };
+    for b in 0..p.batch {
+        for j in 0..shard.local_lens[b] {
+            let g = dcp::global_pos(j, r, w, s);
+            let src = (g_kv_indptr[b] as usize + g) * MLA_D_QK;
+            let dst = shard.slot(b, j, ps) * MLA_D_QK;
+            match (&mut shard.pool, kv) {
+                (Elems::Bf16(d), Elems::Bf16(sv)) => d[dst..dst + MLA_D_QK].copy_from_slice(&sv[src..src + MLA_D_QK]),
+                (Elems::Fp8(d), Elems::Fp8(sv)) => d[dst..dst + MLA_D_QK].copy_from_slice(&sv[src..src + MLA_D_QK]),
+                _ => unreachable!("pool and KV share a dtype"),
+            }
+        }
+    }
+    shard
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(dtype: Dtype, ps: usize, w: usize, s: usize) -> MlaParams {
+        MlaParams {
+            batch: 3,
+            ctx: vec![1, 70, 129],
+            ctx_label: "t".into(),
+            heads_local: 2,
+            dcp_world: w,
+            interleave: s,
+            s_q: 2,
+            dtype,
+            page_size: ps,
+            sm_scale: 0.1,
+        }
+    }
+
+    #[test]
+    fn same_seed_same_bytes_other_seed_other_bytes() {
+        let p = params(Dtype::Fp8, 64, 2, 1);
+        let a = build(&p, 7).unwrap();
+        let b = build(&p, 7).unwrap();
+        let c = build(&p, 8).unwrap();
+        assert_eq!(a.q.as_bytes(), b.q.as_bytes());
+        assert_eq!(a.shards[1].pool.as_bytes(), b.shards[1].pool.as_bytes());
+        assert_eq!(a.shards[1].kv_indices, b.shards[1].kv_indices);
+        assert_ne!(a.q.as_bytes(), c.q.as_bytes());
+    }
+
+    #[test]
+    fn shards_hold_exactly_their_tokens_and_nan_elsewhere() {
+        for (dtype, ps, w, s) in [(Dtype::Bf16, 1, 1, 1), (Dtype::Fp8, 64, 4, 2), (Dtype::Bf16, 64, 8, 1)] {
+            let p = params(dtype, ps, w, s);
+            let wl = build(&p, 3).unwrap();
+            let t = codec::e4m3_table();
+            let decode = |e: &Elems, i: usize| match e {
+                Elems::Bf16(v) => codec::bf16_from_bits(v[i]),
+                Elems::Fp8(v) => t[v[i] as usize],
+            };
+            let mut written = vec![false; wl.shards.iter().map(|s| s.num_pages * ps).max().unwrap()];
+            for sh in &wl.shards {
+                written.iter_mut().for_each(|x| *x = false);
+                for b in 0..p.batch {
+                    assert_eq!(sh.local_lens[b], dcp::local_len(sh.rank, p.ctx[b], w, s));
+                    for j in 0..sh.local_lens[b] {
+                        let slot = sh.slot(b, j, ps);
+                        written[slot] = true;
+                        let g = dcp::global_pos(j, sh.rank, w, s);
+                        for d in [0, 100, 575] {
+                            assert_eq!(decode(&sh.pool, slot * MLA_D_QK + d), wl.kv_row(b, g)[d]);
+                        }
+                    }
+                }
+                for (slot, &wr) in written.iter().enumerate().take(sh.num_pages * ps) {
+                    if !wr {
+                        assert!(decode(&sh.pool, slot * MLA_D_QK).is_nan(), "unused slot {slot} must be NaN");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn fp8_values_are_decodes_of_scaled_source() {
+        let wl = build(&params(Dtype::Fp8, 1, 1, 1), 5).unwrap();
+        let src = wl.kv_src.as_ref().unwrap();
+        for i in (0..src.len()).step_by(97) {
+            let back = wl.kv_vals[i] * wl.kv_scale;
+            assert!((back - src[i]).abs() <= src[i].abs() * 0.07 + wl.kv_scale * 2f32.powi(-9), "{back} vs {}", src[i]);
+        }
+    }
+}
