@@ -3,12 +3,18 @@
 //! Data flows one way: scenario -> cases -> workload -> plans -> backend ->
 //! reference -> metrics -> stats -> reports (see DESIGN.md).
 
+pub mod app;
 pub mod backend;
 pub mod case;
+pub mod cli;
+pub mod error;
 pub mod metrics;
 pub mod plan;
 pub mod reference;
+pub mod report;
 pub mod result;
+pub mod runner;
+pub mod scenario;
 pub mod stats;
 pub mod variants;
 pub mod workload;

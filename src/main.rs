@@ -1,1 +1,28 @@
-fn main(){}
+use clap::Parser;
+use std::process::ExitCode;
+
+use mlabench::app;
+use mlabench::cli::{Cli, Command};
+use mlabench::error::{exit, InputError};
+
+fn run() -> anyhow::Result<u8> {
+    let cli = Cli::parse();
+    match &cli.cmd {
+        Command::Run(a) => app::run(a),
+        Command::List(a) => app::list(a),
+        Command::Plan(a) => app::plan(a),
+        Command::Device(a) => app::device(a),
+        Command::Kernels(a) => app::kernels(a),
+    }
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            let kind = if e.downcast_ref::<InputError>().is_some() { "error" } else { "error (environment or internal)" };
+            eprintln!("mlabench: {kind}: {e:#}");
+            ExitCode::from(exit::BAD_INPUT)
+        }
+    }
+}

@@ -2,6 +2,7 @@
 //! one variant's plan on one workload, hand back outputs and timings.
 
 pub mod cpu;
+mod select;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 #[cfg(not(feature = "cuda"))]
@@ -13,6 +14,8 @@ pub mod hip;
 #[cfg(not(feature = "hip"))]
 #[path = "hip/disabled.rs"]
 pub mod hip;
+
+pub use select::select;
 
 use serde::Serialize;
 use thiserror::Error;
@@ -97,9 +100,32 @@ pub enum BackendError {
     DeviceLost(String),
 }
 
+/// One variant run: the case, its inputs and plan, and how to time it.
+pub struct RunRequest<'a> {
+    pub case: &'a Case,
+    pub workload: &'a Workload,
+    pub plan: &'a VariantPlan,
+    pub timing: &'a TimingOptions,
+    /// Query rows that will be checked. A backend may leave other rows
+    /// unwritten (the CPU emulation does, to keep sampled checks cheap).
+    pub rows: &'a [usize],
+}
+
 pub trait Backend {
     fn info(&self) -> &DeviceInfo;
-    /// Runs one variant's plan on a workload. Outputs are poisoned before the
-    /// checked run so unwritten elements show up.
-    fn run(&mut self, case: &Case, workload: &Workload, plan: &VariantPlan, timing: &TimingOptions) -> Result<RunOutput, BackendError>;
+    /// Runs one variant's plan. Outputs are poisoned before the checked run so
+    /// unwritten elements show up; returned tensors hold the real heads only.
+    fn run(&mut self, req: &RunRequest) -> Result<RunOutput, BackendError>;
+}
+
+/// `mlabench kernels`: compile every kernel configuration with NVRTC.
+pub fn kernels_check(kernels_dir: &std::path::Path, arch: Option<&str>, check: bool) -> anyhow::Result<u8> {
+    let _ = (kernels_dir, arch, check);
+    anyhow::bail!("not wired yet")
+}
+
+/// `mlabench device`: device facts and measured ceilings.
+pub fn device_report(kernels_dir: &std::path::Path, ceilings: bool) -> anyhow::Result<u8> {
+    let _ = (kernels_dir, ceilings);
+    anyhow::bail!("not wired yet")
 }

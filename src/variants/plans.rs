@@ -1,2 +1,241 @@
-//! Plan types produced by the variants.
-pub enum VariantPlan {}
+//! What each variant will run for a case: its support check, gate decision
+//! and plan. Backends execute these plans; nothing here touches a device.
+
+use crate::case::{Case, CaseParams, Dtype, LayerType, MlaParams, V4Params};
+use crate::plan::gate::{mla_gate, GateInput};
+use crate::plan::v4::{hca_gates, hca_partition_plan, kv_len_bound, v4_split_plan, HcaPlan, SplitPlan};
+use crate::plan::worklist::{build_worklist, WorkList};
+use crate::plan::{heads, split, PlanError};
+use crate::workload::{dcp, Workload};
+
+use super::VariantId;
+
+/// Per-rank (o, lse) inputs of the DCP combine, taken from the reference.
+#[derive(Clone, Debug)]
+pub struct CombineInputs {
+    pub world: usize,
+    pub heads: usize,
+    /// Query rows these inputs cover (the checked rows).
+    pub rows: Vec<usize>,
+    /// `[W, rows, H, 512]` bf16 bits.
+    pub o: Vec<u16>,
+    /// `[W, rows, H]`.
+    pub lse: Vec<f32>,
+}
+
+/// Split partials (no sink) of the V4 split contract, from the reference.
+#[derive(Clone, Debug)]
+pub struct SplitMergeInputs {
+    pub n: usize,
+    pub heads: usize,
+    pub rows: Vec<usize>,
+    /// `[rows * n, H, 512]`, slot = row_index * n + split.
+    pub o: Vec<f32>,
+    /// `[rows * n, H]`.
+    pub lse: Vec<f32>,
+    /// `[H]`.
+    pub sink: Vec<f32>,
+}
+
+#[derive(Clone, Debug)]
+pub enum VariantPlan {
+    Ps1 { kernel_heads: usize, ranks: Vec<WorkList> },
+    Page64 { kernel_heads: usize, splits: Vec<usize> },
+    DcpCombine(CombineInputs),
+    V4Split(SplitPlan),
+    HcaPersist { partitions: usize, plan: HcaPlan },
+    SplitMerge(SplitMergeInputs),
+}
+
+/// A variant's decision for a case before anything runs.
+pub struct Decision {
+    /// The gate's words (MLA kernels), or the support check's.
+    pub gate: String,
+    /// `Some(reason)`: the variant does not run this case (skip).
+    pub skip: Option<String>,
+    /// Runs although the gate rejected it.
+    pub forced: bool,
+    /// hca_persist fell back to v4_split: which gate failed.
+    pub fallback: Option<String>,
+}
+
+fn gate_input(case: &Case, p: &MlaParams) -> GateInput {
+    GateInput { profile: case.target, w: p.dcp_world, s_q: p.s_q, heads: p.heads(), dtype: p.dtype, page_size: p.page_size }
+}
+
+/// Whether (and why) a variant runs a case.
+pub fn decide(case: &Case) -> Decision {
+    let none = |gate: String| Decision { gate, skip: None, forced: false, fallback: None };
+    match (&case.params, case.variant) {
+        (CaseParams::Mla(p), VariantId::Ps1 | VariantId::Page64) => {
+            let d = mla_gate(case.variant, &gate_input(case, p));
+            if d.eligible {
+                return none(format!("eligible: {}", d.reason));
+            }
+            // A hard limit (page size, width) cannot be forced; only the gate's policy can.
+            let hard = match case.variant {
+                VariantId::Ps1 => p.page_size != 1 || heads::kernel_heads(p.heads(), p.s_q).is_err(),
+                _ => p.page_size != 64 || heads::page64_heads(p.heads()).is_err(),
+            };
+            if case.force && !hard {
+                Decision { gate: format!("rejected: {}", d.reason), skip: None, forced: true, fallback: None }
+            } else {
+                Decision { gate: format!("rejected: {}", d.reason), skip: Some(d.reason), forced: false, fallback: None }
+            }
+        }
+        (CaseParams::Mla(_), VariantId::DcpCombine) => none("n/a (merge)".into()),
+        (CaseParams::V4(p), VariantId::HcaPersist) => match hca_gates(p.layer, p.kernel_heads(), p.rows, case.v4.min_rows, true, true, case.v4.workspace) {
+            Ok(()) => none("eligible: all hca_persist gates pass".into()),
+            Err(why) => Decision { gate: format!("fallback: {why}"), skip: None, forced: false, fallback: Some(why) },
+        },
+        (CaseParams::V4(_), VariantId::V4Split | VariantId::SplitMerge) => none("n/a".into()),
+        (params, v) => {
+            let fam = match params {
+                CaseParams::Mla(_) => "MLA",
+                CaseParams::V4(_) => "V4",
+            };
+            Decision { gate: String::new(), skip: Some(format!("{v} does not run {fam} workloads")), forced: false, fallback: None }
+        }
+    }
+}
+
+fn mla_plan(case: &Case, p: &MlaParams) -> Result<VariantPlan, PlanError> {
+    let err = |what: String| PlanError { case: case.key(), what };
+    let local = |r: usize| -> Vec<usize> { p.ctx.iter().map(|&l| dcp::local_len(r, l, p.dcp_world, p.interleave)).collect() };
+    match case.variant {
+        VariantId::Ps1 => {
+            let kernel_heads = heads::kernel_heads(p.heads(), p.s_q).map_err(|e| err(e.to_string()))?;
+            let qo: Vec<i32> = (0..=p.batch).map(|b| (b * p.s_q) as i32).collect();
+            let ranks = (0..p.dcp_world)
+                .map(|r| {
+                    let lens = local(r);
+                    let wl = build_worklist(&case.key(), &lens, &qo, case.cus, 16, 16)?;
+                    wl.check(&case.key(), &lens, &qo)?;
+                    Ok(wl)
+                })
+                .collect::<Result<Vec<_>, PlanError>>()?;
+            Ok(VariantPlan::Ps1 { kernel_heads, ranks })
+        }
+        VariantId::Page64 => {
+            let kernel_heads = heads::page64_heads(p.heads()).map_err(|e| err(e.to_string()))?;
+            let splits = (0..p.dcp_world)
+                .map(|r| {
+                    let lens = local(r);
+                    let total: usize = lens.iter().sum();
+                    split::fallback_splits(p.batch, total, kernel_heads, p.s_q, p.dtype, case.cus)
+                })
+                .collect();
+            Ok(VariantPlan::Page64 { kernel_heads, splits })
+        }
+        v => Err(err(format!("{v} has no plan of its own; it is planned from reference inputs"))),
+    }
+}
+
+fn v4_plan(case: &Case, p: &V4Params, fallback: bool) -> Result<VariantPlan, PlanError> {
+    if case.variant == VariantId::HcaPersist && !fallback {
+        let lens: Vec<usize> = p.positions.iter().map(|&pos| v4_row_len(p, pos)).collect();
+        let plan = hca_partition_plan(&lens, case.v4.partitions).map_err(|what| PlanError { case: case.key(), what })?;
+        return Ok(VariantPlan::HcaPersist { partitions: case.v4.partitions, plan });
+    }
+    let bound = kv_len_bound(p.layer, p.index_topk, p.max_model_len);
+    Ok(VariantPlan::V4Split(v4_split_plan(p.rows, p.padded_rows, p.kernel_heads(), bound, case.cus, case.v4.splits)))
+}
+
+/// KV list length of a V4 row at `pos` (SPEC §2), for plans made before the workload exists.
+pub fn v4_row_len(p: &V4Params, pos: usize) -> usize {
+    let win = (pos + 1).min(crate::case::V4_WINDOW);
+    win + match p.layer {
+        LayerType::Swa => 0,
+        LayerType::Csa => ((pos + 1) / 4).min(p.index_topk),
+        LayerType::Hca => (pos + 1) / 128,
+    }
+}
+
+/// Plans a variant that runs on its own (not a merge fed by reference data).
+pub fn plan(case: &Case, decision: &Decision) -> Result<VariantPlan, PlanError> {
+    match &case.params {
+        CaseParams::Mla(p) => mla_plan(case, p),
+        CaseParams::V4(p) => v4_plan(case, p, decision.fallback.is_some()),
+    }
+}
+
+/// One line for tables: padded heads, splits, items, fallbacks.
+pub fn summary(plan: &VariantPlan) -> String {
+    match plan {
+        VariantPlan::Ps1 { kernel_heads, ranks } => {
+            let items: usize = ranks.iter().map(|w| w.items.len()).sum();
+            let parts: usize = ranks.iter().map(|w| w.reduce.len()).sum();
+            format!("h{kernel_heads} items={items} split-seqs={parts} ctas={}", ranks.first().map(|w| w.num_ctas).unwrap_or(0))
+        }
+        VariantPlan::Page64 { kernel_heads, splits } => {
+            let (lo, hi) = (splits.iter().min().copied().unwrap_or(0), splits.iter().max().copied().unwrap_or(0));
+            if lo == hi {
+                format!("h{kernel_heads} splits={lo}")
+            } else {
+                format!("h{kernel_heads} splits={lo}..{hi}")
+            }
+        }
+        VariantPlan::DcpCombine(c) => format!("W={} h{}", c.world, c.heads),
+        VariantPlan::V4Split(s) => format!("n={} ({:?})", s.n, s.source),
+        VariantPlan::HcaPersist { partitions, plan } => format!("P={partitions} split-rows={}", plan.split_rows),
+        VariantPlan::SplitMerge(s) => format!("n={} sink", s.n),
+    }
+}
+
+/// Tokens each query row of an MLA rank sees under the global mask.
+pub fn mla_visible(p: &MlaParams, r: usize, b: usize, ii: usize) -> usize {
+    let l = p.ctx[b];
+    let q_g = l - p.s_q + ii;
+    // Local tokens with global position <= q_g: the local length of a q_g+1 prefix.
+    dcp::local_len(r, q_g + 1, p.dcp_world, p.interleave)
+}
+
+/// Bytes moved and FLOPs done by one run, from visible lengths (SPEC §5).
+/// MLA kernels: rank 0, the rank with the most tokens under round-robin sharding.
+pub fn cost(case: &Case, wl: &Workload, plan: &VariantPlan) -> (f64, f64) {
+    const D_QK: f64 = 576.0;
+    const D_V: f64 = 512.0;
+    match (wl, plan) {
+        (Workload::Mla(w), VariantPlan::Ps1 { kernel_heads, .. } | VariantPlan::Page64 { kernel_heads, .. }) => {
+            let p = &w.p;
+            let eb = if p.dtype == Dtype::Fp8 { 1.0 } else { 2.0 };
+            let h = p.heads() as f64;
+            let kv_tokens: usize = w.shards[0].local_lens.iter().sum();
+            let vis: usize = (0..p.batch).flat_map(|b| (0..p.s_q).map(move |ii| (b, ii))).map(|(b, ii)| mla_visible(p, 0, b, ii)).sum();
+            let hk = *kernel_heads as f64;
+            let rows = p.total_q() as f64;
+            let partial_rows = match plan {
+                VariantPlan::Ps1 { ranks, .. } => ranks[0].num_partial_rows as f64,
+                VariantPlan::Page64 { splits, .. } if splits[0] > 1 => rows * splits[0] as f64,
+                _ => 0.0,
+            };
+            let bytes = kv_tokens as f64 * D_QK * eb + rows * hk * D_QK * eb + rows * hk * (D_V * 2.0 + 4.0) + partial_rows * hk * (D_V + 1.0) * 4.0 * 2.0;
+            (bytes, 2.0 * h * (D_QK + D_V) * vis as f64)
+        }
+        (Workload::Mla(w), VariantPlan::DcpCombine(c)) => {
+            let n = (c.rows.len() * c.heads) as f64;
+            let _ = w;
+            (c.world as f64 * n * (D_V * 2.0 + 4.0) + n * (D_V * 2.0 + 4.0), c.world as f64 * n * D_V * 2.0)
+        }
+        (Workload::V4(w), VariantPlan::V4Split(_) | VariantPlan::HcaPersist { .. }) => {
+            let n = w.p.rows;
+            let tokens: usize = (0..n).map(|i| w.row_len(i)).sum();
+            let h = w.p.heads as f64;
+            let hk = w.heads as f64;
+            let partial = match plan {
+                VariantPlan::V4Split(s) if s.n > 1 => (w.t * s.n) as f64 * hk * (D_V + 1.0) * 4.0 * 2.0,
+                _ => 0.0,
+            };
+            let bytes = tokens as f64 * (512.0 + 128.0) + n as f64 * hk * (512.0 + 128.0) + n as f64 * hk * (D_V * 2.0 + 4.0) + partial;
+            (bytes, 2.0 * h * (D_V + D_V) * tokens as f64)
+        }
+        (Workload::V4(_), VariantPlan::SplitMerge(s)) => {
+            let slots = (s.rows.len() * s.n * s.heads) as f64;
+            (slots * (D_V + 1.0) * 4.0 + (s.rows.len() * s.heads) as f64 * (D_V * 2.0 + 4.0), slots * D_V * 2.0)
+        }
+        _ => {
+            let _ = case;
+            (0.0, 0.0)
+        }
+    }
+}

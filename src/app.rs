@@ -1,0 +1,283 @@
+//! The subcommands, each reading top to bottom: resolve, execute, report.
+
+use anyhow::{Context, Result};
+use std::collections::HashMap;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+
+use crate::backend::{self, Backend, TimingOptions};
+use crate::case::{Case, CaseParams};
+use crate::cli::{BackendChoice, KernelsArgs, ListArgs, PlanArgs, RunArgs};
+use crate::error::{exit, InputError};
+use crate::report::{self, progress::Progress, RunDir, RunMeta};
+use crate::result::Status;
+use crate::runner::{self, Caches, RunOptions};
+use crate::scenario::{self, data_id};
+use crate::variants::{self, VariantId, VariantPlan, REGISTRY};
+use crate::workload::dcp;
+
+/// Loads scenarios and expands them into cases, filtered and grouped by data id.
+pub fn resolve_cases(paths: &[PathBuf], case_filter: &[String], variant_filter: &[VariantId]) -> Result<(Vec<Case>, Vec<String>), InputError> {
+    let mut cases = Vec::new();
+    let mut notes = Vec::new();
+    for p in paths {
+        let sc = scenario::load(p)?;
+        let ex = scenario::expand(&sc);
+        if !ex.dropped.is_empty() {
+            notes.push(format!("{}: skipped {} impossible combinations (e.g. {})", p.display(), ex.dropped.len(), ex.dropped[0]));
+        }
+        cases.extend(ex.cases);
+    }
+    cases.retain(|c| (case_filter.is_empty() || case_filter.iter().any(|f| c.id == *f || c.id.contains(f.as_str()))) && (variant_filter.is_empty() || variant_filter.contains(&c.variant)));
+    if cases.is_empty() {
+        return Err(InputError::Usage(
+            "no case matches the given --case/--variant filters; `mlabench plan SCENARIO` lists every case id".into(),
+        ));
+    }
+    // Group cases that share inputs so each workload and reference is built once.
+    let mut first: HashMap<String, usize> = HashMap::new();
+    for (i, c) in cases.iter().enumerate() {
+        first.entry(data_id(c)).or_insert(i);
+    }
+    cases.sort_by_key(|c| (first[&data_id(c)], c.id.clone()));
+    Ok((cases, notes))
+}
+
+fn parse_variants(v: &[String]) -> Result<Vec<VariantId>, InputError> {
+    v.iter().map(|s| s.parse::<VariantId>().map_err(|e| InputError::Usage(format!("--variant: {e}")))).collect()
+}
+
+fn default_scenarios(v: &[PathBuf]) -> Vec<PathBuf> {
+    if v.is_empty() {
+        vec![PathBuf::from("scenarios/smoke.toml")]
+    } else {
+        v.to_vec()
+    }
+}
+
+pub fn run(args: &RunArgs) -> Result<u8> {
+    let paths = default_scenarios(&args.scenarios);
+    let (mut cases, notes) = resolve_cases(&paths, &args.cases, &parse_variants(&args.variants)?)?;
+    let forced = parse_variants(&args.force)?;
+    for c in cases.iter_mut().filter(|c| forced.contains(&c.variant)) {
+        c.force = true;
+    }
+    let (mut backend, notice) = backend::select(args.backend, &args.kernels_dir)?;
+    let progress = Progress::new(cases.len() as u64, args.quiet);
+    if let Some(n) = notice {
+        progress.println(&n);
+    }
+    for n in &notes {
+        progress.println(&format!("note: {n}"));
+    }
+    let timing = TimingOptions {
+        enabled: !args.no_timing,
+        warmup: args.warmup,
+        min_samples: args.min_samples.max(1),
+        min_time_ms: args.min_time_ms,
+        cold_l2: !args.warm_l2,
+        graph: args.graph,
+    };
+    let bname = backend.info().backend.clone();
+    let mut repro_flags = format!(" --backend {bname}");
+    if let Some(n) = args.check_rows {
+        repro_flags.push_str(&format!(" --check-rows {n}"));
+    }
+    for f in &args.force {
+        repro_flags.push_str(&format!(" --force {f}"));
+    }
+    let opts = RunOptions { check_rows: args.check_rows, timing, dump: args.dump.clone(), repro_flags };
+    let run_id = args.run_id.clone().unwrap_or_else(|| chrono::Utc::now().format("%Y%m%d-%H%M%S").to_string());
+    let meta = RunMeta {
+        run_id,
+        started: chrono::Utc::now().to_rfc3339(),
+        mlabench_version: env!("CARGO_PKG_VERSION").to_string(),
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        scenarios: paths.iter().map(|p| p.display().to_string()).collect(),
+        backend: bname,
+        device: backend.info().clone(),
+        check_rows: args.check_rows,
+        reference_gflops: None,
+    };
+    let mut dir = RunDir::create(&args.out, meta).with_context(|| format!("creating the run directory under {}", args.out.display()))?;
+    let mut caches = Caches::default();
+    let mut lost: Option<String> = None;
+    for case in &cases {
+        progress.start(&case.key());
+        let row = if let Some(why) = &lost {
+            let mut r = runner::run_case_skipped(case, backend.info().backend.as_str(), &opts);
+            r.status = Status::Error;
+            r.reason = format!("not run: {why}");
+            r
+        } else {
+            let out = runner::run_case(case, &mut caches, backend.as_mut(), &opts);
+            if out.device_lost {
+                lost = Some(format!("the device was lost at {}", case.key()));
+            }
+            if let (Some(d), Some(o)) = (&opts.dump, &out.output) {
+                if let Err(e) = runner::dump_case(d, case, &mut caches, o, &out.row) {
+                    progress.println(&format!("warning: --dump for {} failed: {e:#}", case.key()));
+                }
+            }
+            out.row
+        };
+        if matches!(row.status, Status::Fail | Status::Error) {
+            progress.println(&format!("{} {}: {}", status_word(row.status), case.key(), row.reason));
+        }
+        dir.push(row)?;
+        progress.inc();
+    }
+    progress.finish();
+    let gflops = (caches.ref_secs > 0.0).then(|| caches.ref_flops / caches.ref_secs / 1e9);
+    dir.finish(|m| m.reference_gflops = gflops)?;
+    let rows = dir.rows();
+    if !args.quiet {
+        println!("{}", report::table::errors_table(rows, std::io::stdout().is_terminal()));
+        if rows.iter().any(|r| !r.latency.is_empty()) {
+            println!("{}", report::table::latency_table(rows, std::io::stdout().is_terminal()));
+        }
+    }
+    if let Some(g) = gflops {
+        println!("reference: {:.1} GFLOP/s (f64, {} threads), {:.1} s", g, rayon::current_num_threads(), caches.ref_secs);
+    }
+    println!("{}", report::table::summary_line(rows));
+    println!("results: {}", dir.path().display());
+    let failed = rows.iter().any(|r| matches!(r.status, Status::Fail | Status::Error));
+    Ok(if failed { exit::CHECK_FAILED } else { exit::OK })
+}
+
+fn status_word(s: Status) -> &'static str {
+    match s {
+        Status::Fail => "FAIL",
+        Status::Error => "ERROR",
+        _ => "",
+    }
+}
+
+pub fn list(args: &ListArgs) -> Result<u8> {
+    println!("Variants:");
+    for v in REGISTRY {
+        println!("  {:<12} {:<4} kernels/{:<15} {}", v.name, format!("{:?}", v.family).to_lowercase(), v.kernel_file, v.contract);
+    }
+    println!("\nScenarios in {}:", args.scenarios_dir.display());
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&args.scenarios_dir)
+        .map_err(|e| InputError::Usage(format!("cannot read {}: {e}; pass --scenarios-dir", args.scenarios_dir.display())))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().map(|x| x == "toml").unwrap_or(false))
+        .collect();
+    files.sort();
+    for f in files {
+        match scenario::load(&f) {
+            Ok(sc) => {
+                let ex = scenario::expand(&sc);
+                println!("  {:<28} {:>5} cases  {}", f.display(), ex.cases.len(), sc.description);
+            }
+            Err(e) => println!("  {:<28} INVALID: {e}", f.display()),
+        }
+    }
+    Ok(exit::OK)
+}
+
+pub fn plan(args: &PlanArgs) -> Result<u8> {
+    let (cases, notes) = resolve_cases(std::slice::from_ref(&args.scenario), &args.cases, &[])?;
+    for n in notes {
+        println!("note: {n}");
+    }
+    let mut last_data = String::new();
+    for case in &cases {
+        let did = data_id(case);
+        if did != last_data {
+            println!("\n== {did}");
+            describe_data(case);
+            last_data = did;
+        }
+        let d = variants::decide(case);
+        print!("  {:<12} {:<26}", case.variant.to_string(), case.id.trim_start_matches(&last_data));
+        if let Some(why) = &d.skip {
+            println!(" skip: {why}");
+            continue;
+        }
+        println!(" gate: {}{}", d.gate, if d.forced { " [forced]" } else { "" });
+        match case.variant {
+            VariantId::DcpCombine => println!("      merges the W per-rank (o, lse) with the LSE combine"),
+            VariantId::SplitMerge => println!("      merges split partials with the sink (n from the v4_split plan)"),
+            _ => match variants::plan(case, &d) {
+                Ok(p) => describe_plan(&p, args.items),
+                Err(e) => println!("      PLAN ERROR: {e}"),
+            },
+        }
+    }
+    Ok(exit::OK)
+}
+
+fn describe_data(case: &Case) {
+    match &case.params {
+        CaseParams::Mla(p) => {
+            println!("  batch {} s_q {} heads {}x{}={} {} ctx {:?}", p.batch, p.s_q, p.heads_local, p.dcp_world, p.heads(), p.dtype, p.ctx);
+            if p.dcp_world > 1 {
+                for r in 0..p.dcp_world {
+                    let l: Vec<usize> = p.ctx.iter().map(|&l| dcp::local_len(r, l, p.dcp_world, p.interleave)).collect();
+                    println!("  rank {r} (S={}) local lengths {:?}", p.interleave, l);
+                }
+            }
+            let g = crate::plan::gate::GateInput { profile: case.target, w: p.dcp_world, s_q: p.s_q, heads: p.heads(), dtype: p.dtype, page_size: p.page_size };
+            let (pick, _) = crate::plan::gate::mla_pick(&g);
+            println!("  dispatch on {}: {}", case.target, pick.map(|v| v.to_string()).unwrap_or_else(|| "unsupported (no eligible kernel)".into()));
+        }
+        CaseParams::V4(p) => {
+            let lens: Vec<usize> = p.positions.iter().map(|&pos| variants::v4_row_len(p, pos)).collect();
+            println!(
+                "  {} rows {} (T={}) heads {} verify {} KV lengths min {} max {} mean {:.0}",
+                p.layer,
+                p.rows,
+                p.padded_rows,
+                p.heads,
+                p.verify,
+                lens.iter().min().unwrap_or(&0),
+                lens.iter().max().unwrap_or(&0),
+                lens.iter().sum::<usize>() as f64 / lens.len().max(1) as f64
+            );
+        }
+    }
+}
+
+fn describe_plan(p: &VariantPlan, items: bool) {
+    println!("      plan: {}", variants::summary(p));
+    if let VariantPlan::Ps1 { ranks, .. } = p {
+        for (r, wl) in ranks.iter().enumerate() {
+            let per_cta: Vec<i32> = wl.work_indptr.windows(2).map(|w| w[1] - w[0]).collect();
+            println!(
+                "      rank {r}: {} items over {} CTAs (per CTA {}..{}), {} split sequences, {} partial rows",
+                wl.items.len(),
+                wl.num_ctas,
+                per_cta.iter().min().unwrap_or(&0),
+                per_cta.iter().max().unwrap_or(&0),
+                wl.reduce.len(),
+                wl.num_partial_rows
+            );
+            if items {
+                for c in 0..wl.num_ctas {
+                    for it in &wl.items[wl.work_indptr[c] as usize..wl.work_indptr[c + 1] as usize] {
+                        println!(
+                            "        cta {c:>3}: seq {:>3} partial {:>5} q [{}, {}) kv [{}, {})",
+                            it.seq, it.partial, it.q_start, it.q_end, it.kv_start, it.kv_end
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+pub fn kernels(args: &KernelsArgs) -> Result<u8> {
+    backend::kernels_check(&args.kernels_dir, args.arch.as_deref(), args.check)
+}
+
+pub fn device(args: &crate::cli::DeviceArgs) -> Result<u8> {
+    backend::device_report(&args.kernels_dir, !args.no_ceilings)
+}
+
+/// The backend a `--backend` choice resolves to, for callers outside `run`.
+pub fn open_backend(choice: BackendChoice, kernels_dir: &Path) -> Result<Box<dyn Backend>, InputError> {
+    backend::select(choice, kernels_dir).map(|(b, _)| b)
+}

@@ -1,0 +1,126 @@
+//! Command-line surface (clap derive only).
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+
+#[derive(Parser, Debug)]
+#[command(name = "mlabench", version, about = "Validate and benchmark MLA decode attention kernels against an f64 reference")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub cmd: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run scenarios: check every case against the reference and time it.
+    Run(RunArgs),
+    /// List the variants, their contracts, and the shipped scenarios.
+    List(ListArgs),
+    /// Show per case: shards, local lengths, padded heads, gate decisions, split plans, work lists.
+    Plan(PlanArgs),
+    /// Describe the GPU and measure its copy-bandwidth and tensor-core ceilings.
+    Device(DeviceArgs),
+    /// Compile kernels with NVRTC (no GPU needed with --check).
+    Kernels(KernelsArgs),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum BackendChoice {
+    /// CUDA when a usable GPU is there, else the CPU (with a one-line notice).
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// Scenario files [default: scenarios/smoke.toml]
+    pub scenarios: Vec<PathBuf>,
+    #[arg(long, value_enum, default_value_t = BackendChoice::Auto)]
+    pub backend: BackendChoice,
+    /// Check a seeded sample of N query rows per case instead of all of them.
+    #[arg(long, value_name = "N")]
+    pub check_rows: Option<usize>,
+    /// Only cases whose id contains this text (repeatable; exact ids work too).
+    #[arg(long = "case", value_name = "ID")]
+    pub cases: Vec<String>,
+    /// Only these variants (repeatable).
+    #[arg(long = "variant", value_name = "NAME")]
+    pub variants: Vec<String>,
+    /// Run this variant even where its dispatch gate rejects it (repeatable);
+    /// same as the scenario's `force` list.
+    #[arg(long = "force", value_name = "NAME")]
+    pub force: Vec<String>,
+    /// Root for run outputs; each run writes <out>/<run-id>/.
+    #[arg(long, default_value = "results")]
+    pub out: PathBuf,
+    /// Name of the run directory [default: UTC time stamp].
+    #[arg(long)]
+    pub run_id: Option<String>,
+    /// Write each case's inputs, outputs and reference as .safetensors into DIR.
+    #[arg(long, value_name = "DIR")]
+    pub dump: Option<PathBuf>,
+    /// Check only; do not time.
+    #[arg(long)]
+    pub no_timing: bool,
+    /// Let samples hit a warm L2 (default: cold, inputs rotated / L2 flushed).
+    #[arg(long)]
+    pub warm_l2: bool,
+    /// Time CUDA-graph replays instead of individual launches.
+    #[arg(long)]
+    pub graph: bool,
+    /// Untimed launches before the samples.
+    #[arg(long, default_value_t = 3)]
+    pub warmup: usize,
+    /// Fewest timed samples.
+    #[arg(long, default_value_t = 10)]
+    pub min_samples: usize,
+    /// Keep sampling until this much time was measured.
+    #[arg(long, default_value_t = 50.0, value_name = "MS")]
+    pub min_time_ms: f64,
+    /// Where the CUDA kernel sources live.
+    #[arg(long, default_value = "kernels")]
+    pub kernels_dir: PathBuf,
+    /// Print only the final summary line.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct ListArgs {
+    /// Folder of scenarios to list.
+    #[arg(long, default_value = "scenarios")]
+    pub scenarios_dir: PathBuf,
+}
+
+#[derive(Args, Debug)]
+pub struct PlanArgs {
+    pub scenario: PathBuf,
+    /// Only cases whose id contains this text (repeatable).
+    #[arg(long = "case", value_name = "ID")]
+    pub cases: Vec<String>,
+    /// Print every work item (default: a per-rank digest).
+    #[arg(long)]
+    pub items: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct DeviceArgs {
+    /// Skip the ceiling measurements.
+    #[arg(long)]
+    pub no_ceilings: bool,
+    #[arg(long, default_value = "kernels")]
+    pub kernels_dir: PathBuf,
+}
+
+#[derive(Args, Debug)]
+pub struct KernelsArgs {
+    /// Compile every kernel configuration without a GPU; exit 1 on any error.
+    #[arg(long)]
+    pub check: bool,
+    /// Target architecture [default: the device's, or sm_90a without one].
+    #[arg(long)]
+    pub arch: Option<String>,
+    #[arg(long, default_value = "kernels")]
+    pub kernels_dir: PathBuf,
+}

@@ -1,0 +1,418 @@
+//! Scenario files: loading with errors that name the file and key, and sweep
+//! expansion into cases.
+
+pub mod axis;
+pub mod lengths;
+pub mod raw;
+
+use std::path::{Path, PathBuf};
+
+use crate::case::{stable_hash, Case, CaseParams, Dtype, LayerType, MlaParams, V4Knobs, V4Params};
+use crate::error::InputError;
+use crate::metrics::Tolerances;
+use crate::plan::gate::TargetProfile;
+use crate::variants::{Family, VariantId};
+use axis::{required, str_axis, usize_axis};
+use lengths::LengthSpec;
+use raw::{RawMla, RawScenario, RawTol, RawTolerances, RawV4};
+
+/// A validated scenario.
+#[derive(Clone, Debug)]
+pub struct Scenario {
+    pub path: PathBuf,
+    pub name: String,
+    pub description: String,
+    pub seed: u64,
+    pub target: TargetProfile,
+    pub cus: usize,
+    pub mla: Vec<MlaBlock>,
+    pub v4: Vec<V4Block>,
+}
+
+#[derive(Clone, Debug)]
+pub struct MlaBlock {
+    pub label: String,
+    pub batch: Vec<usize>,
+    pub context: Vec<LengthSpec>,
+    pub heads_local: Vec<usize>,
+    pub dcp_world: Vec<usize>,
+    pub interleave: Vec<usize>,
+    pub s_q: Vec<usize>,
+    pub dtype: Vec<Dtype>,
+    /// `None`: each variant's native page size.
+    pub page_size: Option<Vec<usize>>,
+    pub variants: Vec<VariantId>,
+    pub force: Vec<VariantId>,
+    pub sm_scale: f64,
+    pub seed: u64,
+    pub tol_bf16: Tolerances,
+    pub tol_fp8: Tolerances,
+}
+
+#[derive(Clone, Debug)]
+pub struct V4Block {
+    pub label: String,
+    pub layer: Vec<LayerType>,
+    pub rows: Vec<usize>,
+    pub pad_rows: Vec<usize>,
+    pub heads: Vec<usize>,
+    pub position: Vec<LengthSpec>,
+    pub verify: Vec<usize>,
+    pub index_topk: usize,
+    pub max_model_len: usize,
+    pub variants: Vec<VariantId>,
+    /// `None` = the heuristic's pick.
+    pub splits: Vec<Option<usize>>,
+    pub min_rows: usize,
+    pub partitions: usize,
+    pub workspace: bool,
+    pub sm_scale: f64,
+    pub seed: u64,
+    pub tol: Tolerances,
+}
+
+/// Default MLA softmax scale: the model's 128 nope + 64 rope head dim.
+pub fn default_mla_sm_scale() -> f64 {
+    192f64.powf(-0.5)
+}
+
+pub fn load(path: &Path) -> Result<Scenario, InputError> {
+    let file = path.display().to_string();
+    let err = |msg: String| InputError::Scenario { file: file.clone(), msg };
+    let text = std::fs::read_to_string(path).map_err(|e| err(format!("cannot read the file: {e}")))?;
+    let raw: RawScenario = toml::from_str(&text).map_err(|e| err(format!("{}", e.to_string().trim_end())))?;
+    validate(path, raw).map_err(err)
+}
+
+fn validate(path: &Path, raw: RawScenario) -> Result<Scenario, String> {
+    let target = match &raw.target {
+        Some(t) => t.parse::<TargetProfile>().map_err(|e| format!("key `target`: {e}"))?,
+        None => TargetProfile::Sm90,
+    };
+    let cus = raw.cus.unwrap_or(target.compute_units());
+    if cus == 0 {
+        return Err("key `cus`: must be at least 1".into());
+    }
+    if raw.mla.is_empty() && raw.v4.is_empty() {
+        return Err("no [[mla]] or [[v4]] block: a scenario needs at least one sweep block".into());
+    }
+    let seed = raw.seed.unwrap_or(0);
+    let name = raw.name.clone().unwrap_or_else(|| path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default());
+    let mla = raw.mla.iter().enumerate().map(|(i, b)| mla_block(b, seed).map_err(|e| format!("[[mla]] #{} ({}): {e}", i + 1, b.label.as_deref().unwrap_or("unlabelled")))).collect::<Result<Vec<_>, _>>()?;
+    let v4 = raw.v4.iter().enumerate().map(|(i, b)| v4_block(b, seed).map_err(|e| format!("[[v4]] #{} ({}): {e}", i + 1, b.label.as_deref().unwrap_or("unlabelled")))).collect::<Result<Vec<_>, _>>()?;
+    Ok(Scenario { path: path.to_path_buf(), name, description: raw.description.unwrap_or_default(), seed, target, cus, mla, v4 })
+}
+
+fn parse_variants(v: &toml::Value, key: &str, family: Family) -> Result<Vec<VariantId>, String> {
+    let vs = str_axis(v, key, |s| s.parse::<VariantId>())?;
+    for id in &vs {
+        if id.family() != family {
+            let (want, other) = match family {
+                Family::Mla => ("[[mla]]", "[[v4]]"),
+                Family::V4 => ("[[v4]]", "[[mla]]"),
+            };
+            return Err(format!("key `{key}`: variant `{id}` is not a {want} variant; move it to a {other} block"));
+        }
+    }
+    Ok(vs)
+}
+
+fn tighten(base: Tolerances, raw: Option<RawTol>, key: &str) -> Result<Tolerances, String> {
+    let Some(r) = raw else { return Ok(base) };
+    let pick = |v: Option<f64>, d: f64, name: &str| -> Result<f64, String> {
+        match v {
+            None => Ok(d),
+            Some(x) if !(x > 0.0) => Err(format!("key `{key}.{name}`: must be > 0, got {x}")),
+            Some(x) if x > d => Err(format!("key `{key}.{name}`: {x} is looser than the default {d}; a scenario may only tighten tolerances")),
+            Some(x) => Ok(x),
+        }
+    };
+    Ok(Tolerances {
+        cos_diff: pick(r.cos_diff, base.cos_diff, "cos_diff")?,
+        mismatch: pick(r.mismatch, base.mismatch, "mismatch")?,
+        atol: pick(r.atol, base.atol, "atol")?,
+        rtol: pick(r.rtol, base.rtol, "rtol")?,
+        lse_abs: pick(r.lse_abs, base.lse_abs, "lse_abs")?,
+    })
+}
+
+fn tolerances(raw: &Option<RawTolerances>) -> Result<(Tolerances, Tolerances), String> {
+    let (b, f) = match raw {
+        Some(t) => (t.bf16, t.fp8),
+        None => (None, None),
+    };
+    Ok((tighten(Tolerances::BF16, b, "tolerance.bf16")?, tighten(Tolerances::FP8, f, "tolerance.fp8")?))
+}
+
+fn sm_scale(v: Option<f64>, default: f64) -> Result<f64, String> {
+    match v {
+        None => Ok(default),
+        Some(x) if x.is_finite() && x > 0.0 => Ok(x),
+        Some(x) => Err(format!("key `sm_scale`: must be a positive finite number, got {x}")),
+    }
+}
+
+fn mla_block(b: &RawMla, seed: u64) -> Result<MlaBlock, String> {
+    let batch = usize_axis(required(&b.batch, "batch")?, "batch", 1)?;
+    let context = lengths::parse_axis(required(&b.context, "context")?, "context")?;
+    if let Some(c) = context.iter().find(|c| c.min() == 0) {
+        return Err(format!("key `context`: {} has a length 0; a decode sequence holds at least its query tokens", c.label()));
+    }
+    let heads_local = usize_axis(required(&b.heads_local, "heads_local")?, "heads_local", 1)?;
+    let dcp_world = b.dcp_world.as_ref().map(|v| usize_axis(v, "dcp_world", 1)).transpose()?.unwrap_or(vec![1]);
+    if let Some(w) = dcp_world.iter().find(|&&w| w > 64) {
+        return Err(format!("key `dcp_world`: {w} ranks is more than the 64 this harness shards"));
+    }
+    let interleave = b.interleave.as_ref().map(|v| usize_axis(v, "interleave", 1)).transpose()?.unwrap_or(vec![1]);
+    let s_q = b.s_q.as_ref().map(|v| usize_axis(v, "s_q", 1)).transpose()?.unwrap_or(vec![1]);
+    if let Some(q) = s_q.iter().find(|&&q| q > 16) {
+        return Err(format!("key `s_q`: {q} query tokens per sequence; MTP/speculative decode here goes up to 16"));
+    }
+    let dtype = match &b.dtype {
+        Some(v) => str_axis(v, "dtype", |s| match s {
+            "bf16" => Ok(Dtype::Bf16),
+            "fp8" => Ok(Dtype::Fp8),
+            _ => Err(format!("unknown dtype `{s}` (bf16 or fp8)")),
+        })?,
+        None => vec![Dtype::Bf16],
+    };
+    let page_size = b.page_size.as_ref().map(|v| usize_axis(v, "page_size", 1)).transpose()?;
+    if let Some(p) = page_size.iter().flatten().find(|&&p| p != 1 && p != 64) {
+        return Err(format!("key `page_size`: {p} is not supported; the kernels take page size 1 (ps1) or 64 (page64)"));
+    }
+    let heads_bad = heads_local.iter().flat_map(|&h| dcp_world.iter().map(move |&w| (h, w))).find(|&(h, w)| h * w > 128);
+    if let Some((h, w)) = heads_bad {
+        return Err(format!("keys `heads_local` x `dcp_world`: {h} x {w} = {} gathered heads; no kernel takes more than 128", h * w));
+    }
+    let variants = parse_variants(required(&b.variants, "variants")?, "variants", Family::Mla)?;
+    let force = b.force.as_ref().map(|v| parse_variants(v, "force", Family::Mla)).transpose()?.unwrap_or_default();
+    if let Some(f) = force.iter().find(|f| !variants.contains(f)) {
+        return Err(format!("key `force`: `{f}` is not in `variants`; add it there to run it"));
+    }
+    let (tol_bf16, tol_fp8) = tolerances(&b.tolerance)?;
+    Ok(MlaBlock {
+        label: b.label.clone().unwrap_or_default(),
+        batch,
+        context,
+        heads_local,
+        dcp_world,
+        interleave,
+        s_q,
+        dtype,
+        page_size,
+        variants,
+        force,
+        sm_scale: sm_scale(b.sm_scale, default_mla_sm_scale())?,
+        seed: b.seed.unwrap_or(seed),
+        tol_bf16,
+        tol_fp8,
+    })
+}
+
+fn v4_block(b: &RawV4, seed: u64) -> Result<V4Block, String> {
+    let layer = str_axis(required(&b.layer, "layer")?, "layer", |s| match s {
+        "swa" => Ok(LayerType::Swa),
+        "csa" => Ok(LayerType::Csa),
+        "hca" => Ok(LayerType::Hca),
+        _ => Err(format!("unknown layer `{s}` (swa, csa or hca)")),
+    })?;
+    let rows = usize_axis(required(&b.rows, "rows")?, "rows", 1)?;
+    if let Some(r) = rows.iter().find(|&&r| r > 32768) {
+        return Err(format!("key `rows`: {r} rows is above the 32768 the V4 decode path takes"));
+    }
+    let pad_rows = b.pad_rows.as_ref().map(|v| usize_axis(v, "pad_rows", 0)).transpose()?.unwrap_or(vec![0]);
+    let heads = usize_axis(required(&b.heads, "heads")?, "heads", 1)?;
+    if let Some(h) = heads.iter().find(|&&h| h > 16 && ![32, 64, 128].contains(&h)) {
+        return Err(format!("key `heads`: {h} heads; V4 kernels take 16, 32, 64 or 128 (fewer than 16 pad to 16)"));
+    }
+    let position = lengths::parse_axis(required(&b.position, "position")?, "position")?;
+    let verify = b.verify.as_ref().map(|v| usize_axis(v, "verify", 1)).transpose()?.unwrap_or(vec![1]);
+    let variants = parse_variants(required(&b.variants, "variants")?, "variants", Family::V4)?;
+    let splits = match &b.splits {
+        None => vec![None],
+        Some(v) => {
+            let one = |x: &toml::Value| -> Result<Option<usize>, String> {
+                match x {
+                    toml::Value::String(s) if s == "auto" => Ok(None),
+                    toml::Value::Integer(n) if (1..=16).contains(n) => Ok(Some(*n as usize)),
+                    other => Err(format!("key `splits`: expected \"auto\" or an integer 1..=16, got {}", axis::describe(other))),
+                }
+            };
+            match v {
+                toml::Value::Array(a) if !a.is_empty() => a.iter().map(one).collect::<Result<_, _>>()?,
+                toml::Value::Array(_) => return Err("key `splits`: the list is empty".into()),
+                x => vec![one(x)?],
+            }
+        }
+    };
+    let partitions = b.partitions.unwrap_or(128);
+    if partitions == 0 || partitions > 4096 {
+        return Err(format!("key `partitions`: {partitions}; use 1..=4096"));
+    }
+    let index_topk = b.index_topk.unwrap_or(1024);
+    let max_model_len = b.max_model_len.unwrap_or(1 << 20);
+    if let Some(p) = position.iter().find(|p| p.max() >= max_model_len) {
+        return Err(format!("key `position`: {} reaches max_model_len {max_model_len}", p.label()));
+    }
+    let (_, tol) = tolerances(&b.tolerance)?;
+    Ok(V4Block {
+        label: b.label.clone().unwrap_or_default(),
+        layer,
+        rows,
+        pad_rows,
+        heads,
+        position,
+        verify,
+        index_topk,
+        max_model_len,
+        variants,
+        splits,
+        min_rows: b.min_rows.unwrap_or(15),
+        partitions,
+        workspace: b.workspace.unwrap_or(true),
+        sm_scale: sm_scale(b.sm_scale, 512f64.powf(-0.5))?,
+        seed: b.seed.unwrap_or(seed),
+        tol,
+    })
+}
+
+/// Cases of a scenario, plus the combinations it dropped and why.
+pub struct Expansion {
+    pub cases: Vec<Case>,
+    pub dropped: Vec<String>,
+}
+
+fn native_page_size(v: VariantId) -> usize {
+    match v {
+        VariantId::Page64 => 64,
+        _ => 1,
+    }
+}
+
+pub fn expand(sc: &Scenario) -> Expansion {
+    let mut cases = Vec::new();
+    let mut dropped = Vec::new();
+    for b in &sc.mla {
+        for &batch in &b.batch {
+            for ctx in &b.context {
+                for &hl in &b.heads_local {
+                    for &w in &b.dcp_world {
+                        for &s in &b.interleave {
+                            for &s_q in &b.s_q {
+                                if ctx.min() < s_q {
+                                    dropped.push(format!("context {} with s_q {s_q}: a sequence's length includes its s_q query tokens", ctx.label()));
+                                    continue;
+                                }
+                                for &dtype in &b.dtype {
+                                    for &variant in &b.variants {
+                                        let pages: Vec<usize> = b.page_size.clone().unwrap_or_else(|| vec![native_page_size(variant)]);
+                                        for ps in pages {
+                                            let data_id = format!("mla-b{batch}-c{}-h{hl}x{w}-s{s}-q{s_q}-{dtype}", ctx.label());
+                                            let id = format!("{data_id}-p{ps}");
+                                            let seed = stable_hash(&[&b.seed.to_le_bytes(), data_id.as_bytes()]);
+                                            let params = MlaParams {
+                                                batch,
+                                                ctx: ctx.lengths(batch, seed),
+                                                ctx_label: ctx.label(),
+                                                heads_local: hl,
+                                                dcp_world: w,
+                                                interleave: s,
+                                                s_q,
+                                                dtype,
+                                                page_size: ps,
+                                                sm_scale: b.sm_scale,
+                                            };
+                                            cases.push(Case {
+                                                id,
+                                                variant,
+                                                params: CaseParams::Mla(params),
+                                                seed,
+                                                tol: if dtype == Dtype::Fp8 { b.tol_fp8 } else { b.tol_bf16 },
+                                                force: b.force.contains(&variant),
+                                                target: sc.target,
+                                                cus: sc.cus,
+                                                v4: V4Knobs::default(),
+                                                scenario: sc.path.clone(),
+                                            });
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for b in &sc.v4 {
+        for &layer in &b.layer {
+            for &rows in &b.rows {
+                for &pad in &b.pad_rows {
+                    for &heads in &b.heads {
+                        for pos in &b.position {
+                            for &verify in &b.verify {
+                                let data_id = format!("v4-{layer}-n{rows}-t{}-h{heads}-p{}-v{verify}", rows + pad, pos.label());
+                                let seed = stable_hash(&[&b.seed.to_le_bytes(), data_id.as_bytes()]);
+                                let seqs = rows.div_ceil(verify);
+                                let starts = pos.lengths(seqs, seed);
+                                let positions: Vec<usize> = (0..rows).map(|i| starts[i / verify] + i % verify).collect();
+                                if let Some(p) = positions.iter().find(|&&p| p >= b.max_model_len) {
+                                    dropped.push(format!("{data_id}: verify row position {p} reaches max_model_len {}", b.max_model_len));
+                                    continue;
+                                }
+                                let params = V4Params {
+                                    layer,
+                                    rows,
+                                    padded_rows: rows + pad,
+                                    heads,
+                                    positions,
+                                    pos_label: pos.label(),
+                                    verify,
+                                    index_topk: b.index_topk,
+                                    max_model_len: b.max_model_len,
+                                    sm_scale: b.sm_scale,
+                                };
+                                for &variant in &b.variants {
+                                    let split_axis: Vec<Option<usize>> = if variant == VariantId::V4Split { b.splits.clone() } else { vec![None] };
+                                    for splits in split_axis {
+                                        let id = match splits {
+                                            Some(n) => format!("{data_id}-n{n}"),
+                                            None => data_id.clone(),
+                                        };
+                                        cases.push(Case {
+                                            id,
+                                            variant,
+                                            params: CaseParams::V4(params.clone()),
+                                            seed,
+                                            tol: b.tol,
+                                            force: false,
+                                            target: sc.target,
+                                            cus: sc.cus,
+                                            v4: V4Knobs { min_rows: b.min_rows, partitions: b.partitions, splits, workspace: b.workspace },
+                                            scenario: sc.path.clone(),
+                                        });
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    dropped.sort();
+    dropped.dedup();
+    Expansion { cases, dropped }
+}
+
+/// The id of the data a case computes on (page size and split override
+/// stripped): cases that share it share inputs and references.
+pub fn data_id(case: &Case) -> String {
+    match &case.params {
+        CaseParams::Mla(p) => case.id.trim_end_matches(&format!("-p{}", p.page_size)).to_string(),
+        CaseParams::V4(_) => match case.v4.splits {
+            Some(n) => case.id.trim_end_matches(&format!("-n{n}")).to_string(),
+            None => case.id.clone(),
+        },
+    }
+}

@@ -1,0 +1,138 @@
+//! Drives the binary: the smoke scenario end to end on the CPU backend, and a
+//! catalogue of malformed scenarios that must exit 2 naming the key.
+
+use assert_cmd::Command;
+use std::path::Path;
+
+fn bin() -> Command {
+    let mut c = Command::cargo_bin("mlabench").unwrap();
+    c.current_dir(env!("CARGO_MANIFEST_DIR"));
+    c
+}
+
+fn json_rows(dir: &Path) -> Vec<serde_json::Value> {
+    let run = std::fs::read_dir(dir).unwrap().next().expect("one run directory").unwrap().path();
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(run.join("rows.json")).unwrap()).unwrap();
+    v["rows"].as_array().unwrap().clone()
+}
+
+#[test]
+fn smoke_passes_every_eligible_variant_and_shows_the_forced_page64_failure() {
+    let out = tempfile::tempdir().unwrap();
+    let assert = bin().args(["run", "scenarios/smoke.toml", "--backend", "cpu", "--out"]).arg(out.path()).assert();
+    let output = assert.get_output().clone();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "stdout:\n{stdout}\nstderr:\n{}", String::from_utf8_lossy(&output.stderr));
+    let rows = json_rows(out.path());
+    let variants: std::collections::BTreeSet<&str> = rows.iter().map(|r| r["variant"].as_str().unwrap()).collect();
+    for v in ["ps1", "page64", "dcp_combine", "v4_split", "hca_persist", "split_merge"] {
+        assert!(variants.contains(v), "smoke touches {v}");
+    }
+    let mut xfail = 0;
+    for r in &rows {
+        let status = r["status"].as_str().unwrap();
+        let forced = r["forced"].as_bool().unwrap();
+        let params = &r["params"];
+        let dcp_sq = params["dcp_world"].as_str().map(|w| w != "1").unwrap_or(false) && params["s_q"].as_str().map(|q| q != "1").unwrap_or(false);
+        if r["variant"] == "page64" && dcp_sq {
+            assert!(forced, "page64 under DCP with s_q > 1 only runs when forced");
+            assert_eq!(status, "xfail", "{}: must fail the reference: {}", r["case_id"], r["reason"]);
+            assert!(r["gate"].as_str().unwrap().contains("g_kv_indptr"), "gate says why: {}", r["gate"]);
+            xfail += 1;
+        } else {
+            assert_eq!(status, "pass", "{} {}: {}", r["case_id"], r["variant"], r["reason"]);
+        }
+        assert!(r["repro"].as_str().unwrap().starts_with("mlabench run scenarios/smoke.toml --case "));
+    }
+    assert!(xfail >= 2, "the forced page64 DCP rows are there");
+    assert!(stdout.contains("CPU timings"), "CPU timings are labelled:\n{stdout}");
+}
+
+#[test]
+fn repro_command_reruns_one_case() {
+    let out = tempfile::tempdir().unwrap();
+    bin()
+        .args(["run", "scenarios/smoke.toml", "--backend", "cpu", "--no-timing", "--case", "mla-b2-cl5_130-h8x2-s1-q4-fp8-p1", "--variant", "ps1", "--out"])
+        .arg(out.path())
+        .assert()
+        .code(0);
+    let rows = json_rows(out.path());
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0]["status"], "pass");
+    assert_eq!(rows[0]["params"]["dcp_world"], "2");
+}
+
+#[test]
+fn list_and_plan_describe_variants_and_gates() {
+    let o = bin().args(["list"]).assert().code(0).get_output().stdout.clone();
+    let s = String::from_utf8_lossy(&o);
+    for v in ["ps1", "page64", "dcp_combine", "v4_split", "hca_persist", "split_merge", "kimi-k3-dcp8.toml", "dsv4-pro.toml"] {
+        assert!(s.contains(v), "list shows {v}");
+    }
+    let o = bin().args(["plan", "scenarios/kimi-k3-dcp8.toml"]).assert().code(0).get_output().stdout.clone();
+    let s = String::from_utf8_lossy(&o);
+    assert!(s.contains("h96"), "the draft's 64 heads pad to 96:\n{s}");
+    assert!(s.contains("rejected"), "page64 is rejected under DCP with s_q > 1");
+    assert!(s.contains("rank 7"), "shards of all 8 ranks are shown");
+}
+
+#[test]
+fn unknown_case_filter_is_bad_input() {
+    bin().args(["run", "--backend", "cpu", "--case", "no-such-case"]).assert().code(2).stderr(predicates::str::contains("mlabench plan"));
+}
+
+#[test]
+fn cuda_backend_without_a_gpu_is_an_environment_error() {
+    let has_gpu = std::process::Command::new("nvidia-smi").output().map(|o| o.status.success()).unwrap_or(false);
+    if has_gpu {
+        eprintln!("skipped: this machine has a GPU");
+        return;
+    }
+    bin().args(["run", "--backend", "cuda", "--no-timing"]).assert().code(2).stderr(predicates::str::contains("--backend cpu"));
+}
+
+const BASE_MLA: &str = "[[mla]]\nbatch = 2\ncontext = 64\nheads_local = 16\nvariants = [\"ps1\"]\n";
+
+/// (what is wrong, file text, text the error must contain)
+const MALFORMED: &[(&str, &str, &str)] = &[
+    ("unknown top-level key", "nmae = \"x\"\n[[mla]]\nbatch = 1\ncontext = 4\nheads_local = 16\nvariants = [\"ps1\"]\n", "nmae"),
+    ("unknown block key", "[[mla]]\nbacth = 2\ncontext = 64\nheads_local = 16\nvariants = [\"ps1\"]\n", "bacth"),
+    ("wrong type", "[[mla]]\nbatch = \"2\"\ncontext = 64\nheads_local = 16\nvariants = [\"ps1\"]\n", "batch"),
+    ("missing key", "[[mla]]\ncontext = 64\nheads_local = 16\nvariants = [\"ps1\"]\n", "batch"),
+    ("page size", "[[mla]]\nbatch = 2\ncontext = 64\nheads_local = 16\npage_size = 32\nvariants = [\"ps1\"]\n", "page_size"),
+    ("dtype", "[[mla]]\nbatch = 2\ncontext = 64\nheads_local = 16\ndtype = \"fp4\"\nvariants = [\"ps1\"]\n", "dtype"),
+    ("unknown variant", "[[mla]]\nbatch = 2\ncontext = 64\nheads_local = 16\nvariants = [\"ps2\"]\n", "variants"),
+    ("wrong family", "[[mla]]\nbatch = 2\ncontext = 64\nheads_local = 16\nvariants = [\"v4_split\"]\n", "v4_split"),
+    ("force not run", "[[mla]]\nbatch = 2\ncontext = 64\nheads_local = 16\nvariants = [\"ps1\"]\nforce = [\"page64\"]\n", "force"),
+    ("too many heads", "[[mla]]\nbatch = 2\ncontext = 64\nheads_local = 64\ndcp_world = 4\nvariants = [\"ps1\"]\n", "heads_local"),
+    ("zero context", "[[mla]]\nbatch = 2\ncontext = 0\nheads_local = 16\nvariants = [\"ps1\"]\n", "context"),
+    ("bad random", "[[mla]]\nbatch = 2\ncontext = { random = { min = 9, max = 3 } }\nheads_local = 16\nvariants = [\"ps1\"]\n", "context.random"),
+    ("zero batch", "[[mla]]\nbatch = 0\ncontext = 4\nheads_local = 16\nvariants = [\"ps1\"]\n", "batch"),
+    ("looser tolerance", "[[mla]]\nbatch = 2\ncontext = 64\nheads_local = 16\nvariants = [\"ps1\"]\ntolerance = { bf16 = { cos_diff = 0.1 } }\n", "tolerance.bf16.cos_diff"),
+    ("unknown tolerance key", "[[mla]]\nbatch = 2\ncontext = 64\nheads_local = 16\nvariants = [\"ps1\"]\ntolerance = { bf16 = { cosdiff = 1e-6 } }\n", "cosdiff"),
+    ("target", "target = \"gfx942\"\n[[mla]]\nbatch = 2\ncontext = 64\nheads_local = 16\nvariants = [\"ps1\"]\n", "target"),
+    ("v4 heads", "[[v4]]\nlayer = \"hca\"\nrows = 4\nheads = 48\nposition = 100\nvariants = [\"v4_split\"]\n", "heads"),
+    ("v4 layer", "[[v4]]\nlayer = \"mla\"\nrows = 4\nheads = 16\nposition = 100\nvariants = [\"v4_split\"]\n", "layer"),
+    ("v4 splits", "[[v4]]\nlayer = \"hca\"\nrows = 4\nheads = 16\nposition = 100\nsplits = 17\nvariants = [\"v4_split\"]\n", "splits"),
+    ("v4 position past max", "[[v4]]\nlayer = \"hca\"\nrows = 4\nheads = 16\nposition = 5000\nmax_model_len = 4096\nvariants = [\"v4_split\"]\n", "position"),
+    ("no blocks", "name = \"empty\"\n", "[[mla]]"),
+    ("toml syntax", "[[mla]\nbatch = 2\n", "bad.toml"),
+];
+
+#[test]
+fn malformed_scenarios_exit_2_and_name_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    assert!(BASE_MLA.contains("ps1"));
+    for (what, text, needle) in MALFORMED {
+        let path = dir.path().join("bad.toml");
+        std::fs::write(&path, text).unwrap();
+        let out = bin().args(["run", "--backend", "cpu", "--out"]).arg(dir.path().join("out")).arg(&path).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{what}: exit code; stderr: {err}");
+        assert!(err.contains(needle), "{what}: message names `{needle}`: {err}");
+        assert!(err.contains("bad.toml"), "{what}: message names the file: {err}");
+    }
+    let out = bin().args(["run", "--backend", "cpu", "no/such/file.toml"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no/such/file.toml"));
+}
