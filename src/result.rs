@@ -13,6 +13,9 @@ pub enum Status {
     Pass,
     /// A check failed (exit 1).
     Fail,
+    /// Forced past a gate that rejects it, and failed as the gate predicts.
+    /// Shown, not counted as a failure: it is the bug the gate prevents.
+    XFail,
     /// The variant cannot run this case (gate, width, backend); not a failure.
     Skip,
     /// The run itself broke (launch error, kernel fault); counts as a failure.
