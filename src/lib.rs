@@ -8,6 +8,7 @@ pub mod case;
 pub mod metrics;
 pub mod plan;
 pub mod reference;
+pub mod report;
 pub mod result;
 pub mod stats;
 pub mod variants;
