@@ -1,0 +1,190 @@
+//! The one place that writes a run's result files.
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+
+use super::{csv, json, markdown, RunMeta};
+use crate::result::Row;
+
+pub const ROWS_CSV: &str = "rows.csv";
+pub const ROWS_JSON: &str = "rows.json";
+pub const SUMMARY_MD: &str = "summary.md";
+
+/// Owns `results/<run-id>/`: rewrites rows.csv, rows.json and summary.md
+/// after every row, atomically (write temp + rename), so a crash loses
+/// nothing already measured and a reader never sees half a file.
+pub struct RunDir {
+    path: PathBuf,
+    meta: RunMeta,
+    rows: Vec<Row>,
+}
+
+impl RunDir {
+    /// Creates `root/<run_id>/` and writes the (empty) files. An existing
+    /// run directory is an error: results are never overwritten.
+    pub fn create(root: &Path, meta: RunMeta) -> anyhow::Result<RunDir> {
+        let id = meta.run_id.as_str();
+        if id.is_empty() || id == "." || id == ".." || id.contains(['/', '\\']) {
+            bail!("run id `{id}` is not a plain directory name; pick one without path separators");
+        }
+        fs::create_dir_all(root).with_context(|| format!("creating {}", root.display()))?;
+        let path = root.join(id);
+        match fs::create_dir(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                bail!(
+                    "{} already exists; pass another run id or move the old results away",
+                    path.display()
+                )
+            }
+            Err(e) => return Err(e).with_context(|| format!("creating {}", path.display())),
+        }
+        let dir = RunDir {
+            path,
+            meta,
+            rows: Vec::new(),
+        };
+        dir.write_all()?;
+        Ok(dir)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn meta(&self) -> &RunMeta {
+        &self.meta
+    }
+
+    /// Appends a row and rewrites every file.
+    pub fn push(&mut self, row: Row) -> anyhow::Result<()> {
+        self.rows.push(row);
+        self.write_all()
+    }
+
+    /// Applies late facts (e.g. the reference throughput) and rewrites.
+    pub fn finish(&mut self, meta_update: impl FnOnce(&mut RunMeta)) -> anyhow::Result<()> {
+        meta_update(&mut self.meta);
+        self.write_all()
+    }
+
+    pub fn rows(&self) -> &[Row] {
+        &self.rows
+    }
+
+    fn write_all(&self) -> anyhow::Result<()> {
+        write_atomic(&self.path.join(ROWS_CSV), &csv::render(&self.rows)?)?;
+        write_atomic(
+            &self.path.join(ROWS_JSON),
+            json::render(&self.meta, &self.rows)?.as_bytes(),
+        )?;
+        write_atomic(
+            &self.path.join(SUMMARY_MD),
+            markdown::render(&self.meta, &self.rows).as_bytes(),
+        )
+    }
+}
+
+/// Writes a sibling temp file, syncs it and renames it over `path`: the
+/// rename is atomic on one file system, so `path` is always whole.
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    let name = path
+        .file_name()
+        .with_context(|| format!("{} has no file name", path.display()))?;
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(name);
+    tmp_name.push(format!(".{}.tmp", std::process::id()));
+    let tmp = path.with_file_name(tmp_name);
+    let write = || -> std::io::Result<()> {
+        let mut f = fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()
+    };
+    if let Err(e) = write() {
+        let _ = fs::remove_file(&tmp);
+        return Err(e).with_context(|| format!("writing {}", tmp.display()));
+    }
+    fs::rename(&tmp, path)
+        .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::testutil::{meta, row, skipped};
+    use crate::result::Status;
+
+    fn csv_data_lines(dir: &RunDir) -> usize {
+        let mut rd = ::csv::Reader::from_path(dir.path().join(ROWS_CSV)).unwrap();
+        rd.records().collect::<Result<Vec<_>, _>>().unwrap().len()
+    }
+
+    fn json_rows(dir: &RunDir) -> serde_json::Value {
+        let text = fs::read_to_string(dir.path().join(ROWS_JSON)).unwrap();
+        serde_json::from_str(&text).unwrap()
+    }
+
+    #[test]
+    fn files_follow_every_push() {
+        let root = tempfile::tempdir().unwrap();
+        let mut dir = RunDir::create(&root.path().join("results"), meta()).unwrap();
+        assert_eq!(
+            dir.path(),
+            root.path().join("results").join("20250101-000000")
+        );
+        assert_eq!(csv_data_lines(&dir), 0);
+        assert!(fs::read_to_string(dir.path().join(SUMMARY_MD))
+            .unwrap()
+            .contains("0 passed"));
+
+        dir.push(row("mla-a", "ps1", Status::Pass, "cuda-events"))
+            .unwrap();
+        assert_eq!(csv_data_lines(&dir), 1);
+        dir.push(skipped("mla-a", "page64")).unwrap();
+        assert_eq!(csv_data_lines(&dir), 2);
+        assert_eq!(json_rows(&dir)["rows"][1]["variant"], "page64");
+        assert!(fs::read_to_string(dir.path().join(SUMMARY_MD))
+            .unwrap()
+            .contains("1 passed, 0 failed, 1 skipped"));
+
+        assert_eq!(
+            json_rows(&dir)["meta"]["reference_gflops"],
+            serde_json::Value::Null
+        );
+        dir.finish(|m| m.reference_gflops = Some(3.5)).unwrap();
+        assert_eq!(json_rows(&dir)["meta"]["reference_gflops"], 3.5);
+        assert_eq!(dir.rows().len(), 2);
+
+        let mut names: Vec<String> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [ROWS_CSV, ROWS_JSON, SUMMARY_MD],
+            "only the three files, no temp leftovers"
+        );
+    }
+
+    #[test]
+    fn never_overwrites_a_run_and_rejects_path_like_ids() {
+        let root = tempfile::tempdir().unwrap();
+        let mut dir = RunDir::create(root.path(), meta()).unwrap();
+        dir.push(row("mla-a", "ps1", Status::Pass, "cuda-events"))
+            .unwrap();
+        let err = RunDir::create(root.path(), meta())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("already exists"), "{err}");
+        assert_eq!(csv_data_lines(&dir), 1, "the first run's rows survive");
+        let mut m = meta();
+        m.run_id = "../escape".into();
+        assert!(RunDir::create(root.path(), m).is_err());
+        assert!(!root.path().parent().unwrap().join("escape").exists());
+    }
+}
