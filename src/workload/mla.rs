@@ -172,10 +172,11 @@ fn build_shard(p: &MlaParams, r: usize, kv: &Elems, g_kv_indptr: &[i32], seed: u
         kv_indices,
         kv_last_page_len,
     };
-    for b in 0..p.batch {
-        for j in 0..shard.local_lens[b] {
+    let lens = shard.local_lens.clone();
+    for (b, (&n, &g0)) in lens.iter().zip(g_kv_indptr).enumerate() {
+        for j in 0..n {
             let g = dcp::global_pos(j, r, w, s);
-            let src = (g_kv_indptr[b] as usize + g) * MLA_D_QK;
+            let src = (g0 as usize + g) * MLA_D_QK;
             let dst = shard.slot(b, j, ps) * MLA_D_QK;
             match (&mut shard.pool, kv) {
                 (Elems::Bf16(d), Elems::Bf16(sv)) => d[dst..dst + MLA_D_QK].copy_from_slice(&sv[src..src + MLA_D_QK]),
