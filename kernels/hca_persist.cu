@@ -96,7 +96,9 @@ __device__ void merge_row(char* sm, int r, long long st, long long en, long long
 
 }  // namespace
 
-// grid (P, HK/64), block 256, dynamic smem v4::SMEM_BYTES. parts (P) <= 4096.
+// grid (HK/64, P), block 256, dynamic smem v4::SMEM_BYTES. parts (P) <= 4096.
+// Head groups are the fastest grid index, so the CTAs of one partition run in
+// the same wave and the second reads the partition's KV from L2.
 // o_acc [2P, HK, 512] f32, lse_acc [2P, HK] f32, counters [>= n_rows] i32 zero
 // at rest (the kernel leaves them zero). Rows of length 0 are not written.
 extern "C" __global__ void __launch_bounds__(v4::THREADS, 1)
@@ -109,7 +111,7 @@ extern "C" __global__ void __launch_bounds__(v4::THREADS, 1)
                 int* counters, __nv_bfloat16* o, float* lse) {
   using namespace v4;
   extern __shared__ __align__(16) char sm[];
-  const int p = blockIdx.x, h0 = blockIdx.y * HG;
+  const int h0 = blockIdx.x * HG, p = blockIdx.y;
   if (n_rows <= 0 || p >= parts) return;
   const long long base = kv_indptr[0];
   const long long total = static_cast<long long>(kv_indptr[n_rows]) - base;
@@ -127,14 +129,14 @@ extern "C" __global__ void __launch_bounds__(v4::THREADS, 1)
     Acc acc;
     attend(sm, src, r, h0, base + a, static_cast<int>(b - a), acc);
     if (st >= lo && en <= hi) {
-      store_final(acc, o, lse, r, h0, sink);
+      store_final(sm, acc, o, lse, r, h0, sink);
       continue;
     }
-    store_partial(acc, o_acc, lse_acc, 2LL * p + (st > lo ? 1 : 0), h0);
+    store_partial(sm, acc, o_acc, lse_acc, 2LL * p + (st > lo ? 1 : 0), h0);
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
-      const int need = row_pieces(st, en, total, parts) * static_cast<int>(gridDim.y);
+      const int need = row_pieces(st, en, total, parts) * static_cast<int>(gridDim.x);
       *flag = atomicAdd(counters + r, 1) == need - 1;
     }
     __syncthreads();

@@ -5,10 +5,17 @@
 // Why this shape: 128 heads x 1024 MAC per token against 576 bytes makes the
 // problem tensor-core bound, so K/V tiles are dequantized once into shared
 // memory (fp8 * 2^k is exact in bf16) and fed to mma.sync m16n8k16. The f32
-// O accumulator for HG=64 heads x 512 dims is 128 registers per thread, so
-// each warp owns 16 heads x DS dims of O and computes the QK product only over
-// those DS dims (a k-split); the partial logits are summed through shared
-// memory in a fixed order so every warp of a head block sees identical bits.
+// O accumulator for HG=64 heads x 512 dims is 128 registers per thread, so a
+// warp owns 32 heads x DS dims of O (each K/V fragment feeds two m16 tiles,
+// which halves the shared-memory reads per MAC) and computes the QK product
+// only over those DS dims (a k-split). The partial logits meet in shared
+// memory; each warp reduces and soft-maxes a slice of rows (fixed summation
+// order) and writes bf16 P, which every warp then reads as its A operand.
+// Per 32-token tile there are two barrier-separated phases: A = P.V of the
+// previous tile interleaved with Q.K of this one (two independent mma
+// streams), B = softmax of this tile interleaved with the dequant of the next
+// and the cp.async of the one after; one CTA per SM has only 2 warps per
+// scheduler, so the overlap has to come from inside each warp.
 #pragma once
 #include <cuda_bf16.h>
 
@@ -26,26 +33,36 @@ namespace v4 {
 constexpr int HK = V4_HEADS;             // heads in the tensors (row stride)
 constexpr int HG = HK < 64 ? HK : 64;    // heads per CTA
 constexpr int NGROUPS = HK / HG;         // head groups (a grid dimension)
-constexpr int THREADS = 256;
-constexpr int NWARPS = THREADS / 32;
-constexpr int WH = HG / 16;              // warps along heads
+constexpr int NWARPS = 8;
+constexpr int THREADS = NWARPS * 32;
+constexpr int MH = HG < 32 ? HG : 32;    // heads per warp (O rows)
+constexpr int MT = MH / 16;              // m16 tiles per warp
+constexpr int WH = HG / MH;              // warps along heads
 constexpr int NSL = NWARPS / WH;         // warps along dims (k-split of QK)
 constexpr int DS = 512 / NSL;            // dims per warp
 constexpr int BN = 32;                   // tokens per tile
+constexpr int RS = MH / NSL;             // softmax rows per warp
+constexpr int LPR = 32 / RS;             // lanes per softmax row
+constexpr int TPL = BN / LPR;            // logits per lane
 constexpr int D = 512, DNOPE = 448, DROPE = 64;
 constexpr int ROWB = D * 2 + 16;         // bf16 row in smem, padded against bank conflicts
 constexpr int RAWB = 464 + 128;          // staged bytes per token: nope + scales, rope
+constexpr int XS = BN + 8;               // partial-logit row stride (floats): conflict-free float2 stores
+constexpr int PSB = BN * 2 + 16;         // P row stride (bytes): conflict-free ldmatrix
 constexpr int SM_Q = 0;
 constexpr int SM_KV = SM_Q + HG * ROWB;            // 2 bf16 tiles
 constexpr int SM_RAW = SM_KV + 2 * BN * ROWB;      // 2 raw tiles (cp.async)
-constexpr int SM_XCH = SM_RAW + 2 * BN * RAWB;     // partial logits, one block per warp
-constexpr int SM_MISC = SM_XCH + NWARPS * 16 * BN * 4;
+constexpr int SM_XCH = SM_RAW + 2 * BN * RAWB;     // [NSL][HG][XS] partial logits
+constexpr int SM_P = SM_XCH + NSL * HG * XS * 4;   // [HG][PSB] bf16 probabilities
+constexpr int SM_ALPHA = SM_P + HG * PSB;          // [HG] rescale of this tile
+constexpr int SM_ML = SM_ALPHA + HG * 4;           // [HG][2] final m (log2), l
+constexpr int SM_MISC = SM_ML + HG * 8;
 constexpr int SMEM_BYTES = SM_MISC + 1024;
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr float LN2 = 0.6931471805599453f;
 
-static_assert(NSL * WH == NWARPS, "warp grid");
-static_assert(DS % 16 == 0, "dims per warp");
+static_assert(NSL * WH == NWARPS && RS * NSL == MH && TPL * LPR == BN, "warp grid");
+static_assert(DS % 16 == 0 && (TPL == 2 || TPL == 4 || TPL == 8), "tile shapes");
 static_assert(SMEM_BYTES <= 227 * 1024, "shared memory");
 
 struct Src {
@@ -57,11 +74,10 @@ struct Src {
   float scale_log2;                // sm_scale * log2(e)
 };
 
-// Unnormalized output and online-softmax state (log2 domain) of one warp's
-// 16 heads x DS dims; m/l are for rows g and g+8 of the mma fragment.
+// Unnormalized output of one warp's MH heads x DS dims (mma C fragments);
+// the softmax state m (log2 domain) and l of each row ends in smem SM_ML.
 struct Acc {
-  float o[DS / 8][4];
-  float m[2], l[2];
+  float o[MT][DS / 8][4];
 };
 
 __device__ __forceinline__ unsigned smem_u32(const void* p) {
@@ -157,62 +173,236 @@ __device__ __forceinline__ void load_q(char* sm, const Src& s, int row, int h0) 
   }
 }
 
-// Stages one token's packed bytes 0..464 (nope + scales) and rope: thread
-// (token tid/8, part tid%8) copies chunks part, part+8, ... of its token.
+constexpr int TPT = THREADS / BN;  // threads per staged token
+
+// Stages one token's packed bytes 0..464 (nope + scales, 29 chunks of 16) and
+// its rope (8 chunks): thread (token tid/TPT, part tid%TPT) copies chunks
+// part, part+TPT, ... of its token.
 __device__ __forceinline__ void issue_tile(char* sm, const Src& s, int buf, int idx, bool valid) {
-  const int tid = threadIdx.x, tk = tid >> 3, part = tid & 7;
+  const int tid = threadIdx.x, tk = tid / TPT, part = tid % TPT;
   const unsigned dst = smem_u32(sm + SM_RAW + (buf * BN + tk) * RAWB);
   const int nb = valid ? 16 : 0;
   const size_t row = valid ? (size_t)idx : 0;
   const unsigned char* gp = s.pool_packed + row * D;
+  const unsigned char* gr = reinterpret_cast<const unsigned char*>(s.pool_rope + row * DROPE);
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int c = part + 8 * j;
-    if (c < 29) cp_async16(dst + c * 16, gp + c * 16, nb);
+  for (int j = 0; j < (37 + TPT - 1) / TPT; ++j) {
+    const int c = part + TPT * j;
+    if (c < 29)
+      cp_async16(dst + c * 16, gp + c * 16, nb);
+    else if (c < 37)
+      cp_async16(dst + c * 16, gr + (c - 29) * 16, nb);
   }
-  cp_async16(dst + 464 + part * 16,
-             reinterpret_cast<const unsigned char*>(s.pool_rope + row * DROPE) + part * 16, nb);
 }
 
-// Raw tile -> bf16 tile: 32 tokens x 56 chunks of 8 nope bytes, then the rope.
+// Raw tile -> bf16 tile. Thread t owns token t/8 and the 8-byte column t%8 of
+// each of the 7 scale tiles, so every shared-memory offset is a compile-time
+// constant plus one per-thread base.
 __device__ __forceinline__ void dequant_tile(char* sm, int buf) {
-  const int tid = threadIdx.x;
-  const char* raw = sm + SM_RAW + buf * BN * RAWB;
-  char* kv = sm + SM_KV + buf * BN * ROWB;
+  const int tid = threadIdx.x, part = tid & 7;
+  const char* rp = sm + SM_RAW + buf * BN * RAWB + (tid >> 3) * RAWB;
+  char* kp = sm + SM_KV + buf * BN * ROWB + (tid >> 3) * ROWB;
 #pragma unroll
-  for (int j = 0; j < (BN * 56) / THREADS; ++j) {
-    const int c = tid + j * THREADS;
-    const int tk = c / 56, ch = c - tk * 56;
-    const char* rp = raw + tk * RAWB;
-    const uint2 w = *reinterpret_cast<const uint2*>(rp + ch * 8);
-    const float sc = ue8m0(static_cast<unsigned char>(rp[DNOPE + 2 * (ch >> 3)]));
-    *reinterpret_cast<uint4*>(kv + tk * ROWB + ch * 16) = dq8(w, sc);
+  for (int j = 0; j < DNOPE / 64; ++j) {
+    const uint2 w = *reinterpret_cast<const uint2*>(rp + j * 64 + part * 8);
+    const float sc = ue8m0(static_cast<unsigned char>(rp[DNOPE + 2 * j]));
+    *reinterpret_cast<uint4*>(kp + j * 128 + part * 16) = dq8(w, sc);
   }
-  const int tk = tid >> 3, part = tid & 7;
-  *reinterpret_cast<uint4*>(kv + tk * ROWB + DNOPE * 2 + part * 16) =
-      *reinterpret_cast<const uint4*>(raw + tk * RAWB + 464 + part * 16);
+  *reinterpret_cast<uint4*>(kp + DNOPE * 2 + part * 16) =
+      *reinterpret_cast<const uint4*>(rp + 464 + part * 16);
 }
-static_assert((BN * 56) % THREADS == 0 && BN * 8 == THREADS, "tile mapping");
+static_assert(THREADS == BN * 8, "tile mapping: 8 threads per token");
 
 __device__ __forceinline__ int tile_index(const Src& s, long long tok0, int ntok, int t) {
-  const int p = t * BN + (threadIdx.x >> 3);
+  const int p = t * BN + static_cast<int>(threadIdx.x) / TPT;
   return p < ntok ? __ldg(s.kv_indices + tok0 + p) : 0;
 }
 
+template <int N>
+__device__ __forceinline__ void ld_logits(float (&v)[N], const float* p) {
+  if constexpr (N == 8) {
+    const float4 x = *reinterpret_cast<const float4*>(p), y = *reinterpret_cast<const float4*>(p + 4);
+    v[0] = x.x; v[1] = x.y; v[2] = x.z; v[3] = x.w; v[4] = y.x; v[5] = y.y; v[6] = y.z; v[7] = y.w;
+  } else if constexpr (N == 4) {
+    const float4 x = *reinterpret_cast<const float4*>(p);
+    v[0] = x.x; v[1] = x.y; v[2] = x.z; v[3] = x.w;
+  } else {
+    const float2 x = *reinterpret_cast<const float2*>(p);
+    v[0] = x.x; v[1] = x.y;
+  }
+}
+
+template <int N>
+__device__ __forceinline__ void st_probs(char* p, const float (&v)[N]) {
+  if constexpr (N == 8) {
+    *reinterpret_cast<uint4*>(p) = make_uint4(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]),
+                                              pack_bf16(v[4], v[5]), pack_bf16(v[6], v[7]));
+  } else if constexpr (N == 4) {
+    *reinterpret_cast<uint2*>(p) = make_uint2(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]));
+  } else {
+    *reinterpret_cast<unsigned*>(p) = pack_bf16(v[0], v[1]);
+  }
+}
+
+// Per-thread state of one attend() call: the two pipeline phases below are
+// members so they inline into one register-resident body.
+struct Pipe {
+  char* sm;
+  const Src& s;
+  Acc& acc;
+  long long tok0;
+  int ntok, tk, hw, g, t4, srow, q;
+  unsigned q_addr, p_addr, k_off, v_off, kv0;
+  float* xw;
+  const float* xr;
+  const float* alph;
+  float m_run, l_run;
+  int idx_next;
+
+  // Phase A(i): O = O * alpha(i-1) + P(i-1) V(i-1) interleaved with the
+  // partial logits of tile i, so two independent mma streams share the
+  // tensor pipe; ends with this thread's copies of tile i+1 landed.
+  template <bool PV, bool QK>
+  __device__ __forceinline__ void phase_a(int i) {
+    constexpr int NQ = DS / 16;  // QK k-steps; PV has BN/16 * NQ = 2 * NQ steps
+    const unsigned kv_q = kv0 + (i & 1) * (BN * ROWB);
+    const unsigned kv_v = kv0 + ((i + 1) & 1) * (BN * ROWB);
+    if constexpr (PV) {
+      float al[MT][2];
+      bool one = true;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          al[mt][r] = alph[hw * MH + mt * 16 + g + 8 * r];
+          one = one && al[mt][r] == 1.f;
+        }
+      if (!__all_sync(0xffffffffu, one)) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int j = 0; j < DS / 8; ++j) {
+            acc.o[mt][j][0] *= al[mt][0]; acc.o[mt][j][1] *= al[mt][0];
+            acc.o[mt][j][2] *= al[mt][1]; acc.o[mt][j][3] *= al[mt][1];
+          }
+      }
+    }
+    float sc[MT][BN / 8][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) sc[mt][j][0] = sc[mt][j][1] = sc[mt][j][2] = sc[mt][j][3] = 0.f;
+    unsigned pa[MT][4];
+#pragma unroll
+    for (int t = 0; t < NQ; ++t) {
+      if constexpr (QK) {
+        unsigned a[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) ldsm_x4(a[mt], q_addr + mt * 16 * ROWB + t * 32);
+#pragma unroll
+        for (int nb = 0; nb < BN / 16; ++nb) {
+          unsigned b[4];
+          ldsm_x4(b, kv_q + k_off + nb * 16 * ROWB + t * 32);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            mma_bf16(sc[mt][2 * nb], a[mt], b[0], b[1]);
+            mma_bf16(sc[mt][2 * nb + 1], a[mt], b[2], b[3]);
+          }
+        }
+      }
+      if constexpr (PV) {
+#pragma unroll
+        for (int uu = 0; uu < 2; ++uu) {
+          const int u = 2 * t + uu, kc = u / NQ, nd = u % NQ;
+          if (nd == 0) {
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) ldsm_x4(pa[mt], p_addr + mt * 16 * PSB + kc * 32);
+          }
+          unsigned b[4];
+          ldsm_x4_t(b, kv_v + v_off + kc * 16 * ROWB + nd * 32);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            mma_bf16(acc.o[mt][2 * nd], pa[mt], b[0], b[1]);
+            mma_bf16(acc.o[mt][2 * nd + 1], pa[mt], b[2], b[3]);
+          }
+        }
+      }
+    }
+    if constexpr (QK) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+          float* p = xw + (mt * 16 + g) * XS + j * 8 + 2 * t4;
+          *reinterpret_cast<float2*>(p) = make_float2(sc[mt][j][0], sc[mt][j][1]);
+          *reinterpret_cast<float2*>(p + 8 * XS) = make_float2(sc[mt][j][2], sc[mt][j][3]);
+        }
+    }
+    cp_async_wait<0>();
+  }
+
+  // Phase B(i): reduce the NSL partials of this warp's RS rows (fixed order),
+  // online softmax -> bf16 P(i) and alpha(i); meanwhile dequantize tile i+1
+  // (into the buffer PV(i-1) just released) and start the copies of tile i+2.
+  // Past the end these work on zero-filled or unused buffers, which keeps the
+  // block free of branches so the scheduler can interleave them.
+  __device__ __forceinline__ void phase_b(int i) {
+    float v[TPL], u[TPL];
+    ld_logits(v, xr);
+#pragma unroll
+    for (int k = 1; k < NSL; ++k) {
+      ld_logits(u, xr + k * HG * XS);
+#pragma unroll
+      for (int e = 0; e < TPL; ++e) v[e] += u[e];
+    }
+    dequant_tile(sm, (i + 1) & 1);
+    issue_tile(sm, s, i & 1, idx_next, (i + 2) * BN + tk < ntok);
+    cp_async_commit();
+    idx_next = tile_index(s, tok0, ntok, i + 3);
+    float mx = V4_NEG_INF;
+    const int tb = i * BN + q * TPL;
+#pragma unroll
+    for (int e = 0; e < TPL; ++e) {
+      v[e] = tb + e < ntok ? v[e] * s.scale_log2 : V4_NEG_INF;
+      mx = fmaxf(mx, v[e]);
+    }
+#pragma unroll
+    for (int o = LPR / 2; o >= 1; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    const float mn = fmaxf(m_run, mx);
+    const float msub = mn == V4_NEG_INF ? 0.f : mn;
+    const float alpha = exp2f(m_run - msub);
+    m_run = mn;
+    float rs = 0.f;
+#pragma unroll
+    for (int e = 0; e < TPL; ++e) {
+      v[e] = exp2f(v[e] - msub);
+      rs += v[e];
+    }
+    l_run = l_run * alpha + rs;
+    st_probs(sm + SM_P + srow * PSB + q * TPL * 2, v);
+    if (q == 0) reinterpret_cast<float*>(sm + SM_ALPHA)[srow] = alpha;
+  }
+};
+
 // Attention of heads h0..h0+HG of `row` over kv_indices[tok0 .. tok0+ntok).
 // All 256 threads must call it; it begins with a barrier, so the caller may
-// reuse shared memory right up to the call.
+// reuse shared memory right up to the call, and ends with one, after which
+// SM_ML holds each row's m (log2 domain) and l.
 __device__ __forceinline__ void attend(char* sm, const Src& s, int row, int h0, long long tok0,
                                        int ntok, Acc& acc) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int hw = warp / NSL, sl = warp - hw * NSL;
   const int dim0 = sl * DS;
-  const int tk = tid >> 3;
+  const int tk = tid / TPT;
+  const int g = lane >> 2, t4 = lane & 3;
   const int ntiles = (ntok + BN - 1) / BN;
 #pragma unroll
-  for (int j = 0; j < DS / 8; ++j) acc.o[j][0] = acc.o[j][1] = acc.o[j][2] = acc.o[j][3] = 0.f;
-  acc.m[0] = acc.m[1] = V4_NEG_INF;
-  acc.l[0] = acc.l[1] = 0.f;
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int j = 0; j < DS / 8; ++j) acc.o[mt][j][0] = acc.o[mt][j][1] = acc.o[mt][j][2] = acc.o[mt][j][3] = 0.f;
+  // Softmax ownership: row srow (of the CTA's HG), logits q*TPL .. q*TPL+TPL.
+  const int srow = hw * MH + sl * RS + lane / LPR;
+  const int q = lane % LPR;
 
   __syncthreads();
   {
@@ -228,168 +418,99 @@ __device__ __forceinline__ void attend(char* sm, const Src& s, int row, int h0, 
   __syncthreads();
   if (ntiles > 0) dequant_tile(sm, 0);
 
-  const unsigned q_addr = smem_u32(sm + SM_Q) + (hw * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ROWB +
-                          (dim0 + (lane >> 4) * 8) * 2;
-  const unsigned k_off = ((lane & 7) + (lane >> 4) * 8) * ROWB + (dim0 + ((lane >> 3) & 1) * 8) * 2;
-  const unsigned v_off = ((lane & 7) + ((lane >> 3) & 1) * 8) * ROWB + (dim0 + (lane >> 4) * 8) * 2;
-  float4* xch_mine = reinterpret_cast<float4*>(sm + SM_XCH) + warp * (BN / 8) * 32;
-  const float4* xch_blk = reinterpret_cast<const float4*>(sm + SM_XCH) + hw * NSL * (BN / 8) * 32;
-  const int t4 = lane & 3;
-
-  for (int i = 0; i < ntiles; ++i) {
+  const int lrow = (lane & 7) + ((lane >> 3) & 1) * 8;  // ldmatrix row of an A tile
+  Pipe pp{sm, s, acc, tok0, ntok, tk, hw, g, t4, srow, q,
+          smem_u32(sm + SM_Q) + (hw * MH + lrow) * ROWB + (dim0 + (lane >> 4) * 8) * 2,
+          smem_u32(sm + SM_P) + (hw * MH + lrow) * PSB + (lane >> 4) * 16,
+          static_cast<unsigned>(((lane & 7) + (lane >> 4) * 8) * ROWB + (dim0 + ((lane >> 3) & 1) * 8) * 2),
+          static_cast<unsigned>(lrow * ROWB + (dim0 + (lane >> 4) * 8) * 2),
+          smem_u32(sm + SM_KV),
+          reinterpret_cast<float*>(sm + SM_XCH) + (sl * HG + hw * MH) * XS,
+          reinterpret_cast<const float*>(sm + SM_XCH) + srow * XS + q * TPL,
+          reinterpret_cast<const float*>(sm + SM_ALPHA),
+          V4_NEG_INF, 0.f, idx_next};
+  if (ntiles > 0) {
     cp_async_wait<0>();
-    __syncthreads();  // raw tile i+1 landed; everyone is done with tile i-1
-    if (i + 1 < ntiles) dequant_tile(sm, (i + 1) & 1);
-    if (i + 2 < ntiles) issue_tile(sm, s, i & 1, idx_next, (i + 2) * BN + tk < ntok);
-    cp_async_commit();
-    idx_next = tile_index(s, tok0, ntok, i + 3);
-
-    const unsigned kv_base = smem_u32(sm + SM_KV + (i & 1) * BN * ROWB);
-    float sc[BN / 8][4];
-#pragma unroll
-    for (int j = 0; j < BN / 8; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
-#pragma unroll
-    for (int ks = 0; ks < DS / 16; ++ks) {
-      unsigned a[4];
-      ldsm_x4(a, q_addr + ks * 32);
-#pragma unroll
-      for (int nb = 0; nb < BN / 16; ++nb) {
-        unsigned b[4];
-        ldsm_x4(b, kv_base + k_off + nb * 16 * ROWB + ks * 32);
-        mma_bf16(sc[2 * nb], a, b[0], b[1]);
-        mma_bf16(sc[2 * nb + 1], a, b[2], b[3]);
-      }
-    }
-    if (NSL > 1) {
-#pragma unroll
-      for (int j = 0; j < BN / 8; ++j)
-        xch_mine[j * 32 + lane] = make_float4(sc[j][0], sc[j][1], sc[j][2], sc[j][3]);
+    __syncthreads();  // tile 0 in kv[0]; tile 1 landed
+    pp.phase_a<false, true>(0);
+    __syncthreads();
+    pp.phase_b(0);
+    for (int i = 1; i < ntiles; ++i) {
+      __syncthreads();  // P(i-1), alpha(i-1), tile i in kv[i&1]
+      pp.phase_a<true, true>(i);
       __syncthreads();
-#pragma unroll
-      for (int j = 0; j < BN / 8; ++j) {
-        float4 v = xch_blk[j * 32 + lane];
-#pragma unroll
-        for (int k = 1; k < NSL; ++k) {
-          const float4 u = xch_blk[(k * (BN / 8) + j) * 32 + lane];
-          v.x += u.x; v.y += u.y; v.z += u.z; v.w += u.w;
-        }
-        sc[j][0] = v.x; sc[j][1] = v.y; sc[j][2] = v.z; sc[j][3] = v.w;
-      }
+      pp.phase_b(i);
     }
-
-    // Online softmax (log2 domain); columns past ntok are masked.
-    float mx[2] = {V4_NEG_INF, V4_NEG_INF};
-    const int tb = i * BN;
-#pragma unroll
-    for (int j = 0; j < BN / 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const bool ok = tb + j * 8 + 2 * t4 + e < ntok;
-        sc[j][e] = ok ? sc[j][e] * s.scale_log2 : V4_NEG_INF;
-        sc[j][2 + e] = ok ? sc[j][2 + e] * s.scale_log2 : V4_NEG_INF;
-        mx[0] = fmaxf(mx[0], sc[j][e]);
-        mx[1] = fmaxf(mx[1], sc[j][2 + e]);
-      }
-    }
-    float alpha[2], msub[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      const float mn = fmaxf(acc.m[r], mx[r]);
-      msub[r] = mn == V4_NEG_INF ? 0.f : mn;
-      alpha[r] = exp2f(acc.m[r] - msub[r]);
-      acc.m[r] = mn;
-    }
-    float rs[2] = {0.f, 0.f};
-#pragma unroll
-    for (int j = 0; j < BN / 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        sc[j][e] = exp2f(sc[j][e] - msub[0]);
-        sc[j][2 + e] = exp2f(sc[j][2 + e] - msub[1]);
-        rs[0] += sc[j][e];
-        rs[1] += sc[j][2 + e];
-      }
-    }
-    acc.l[0] = acc.l[0] * alpha[0] + rs[0];
-    acc.l[1] = acc.l[1] * alpha[1] + rs[1];
-#pragma unroll
-    for (int j = 0; j < DS / 8; ++j) {
-      acc.o[j][0] *= alpha[0]; acc.o[j][1] *= alpha[0];
-      acc.o[j][2] *= alpha[1]; acc.o[j][3] *= alpha[1];
-    }
-
-    // O += P V over this warp's dims; V is the same bf16 tile, read transposed.
-#pragma unroll
-    for (int kc = 0; kc < BN / 16; ++kc) {
-      unsigned a[4];
-      a[0] = pack_bf16(sc[2 * kc][0], sc[2 * kc][1]);
-      a[1] = pack_bf16(sc[2 * kc][2], sc[2 * kc][3]);
-      a[2] = pack_bf16(sc[2 * kc + 1][0], sc[2 * kc + 1][1]);
-      a[3] = pack_bf16(sc[2 * kc + 1][2], sc[2 * kc + 1][3]);
-#pragma unroll
-      for (int nd = 0; nd < DS / 16; ++nd) {
-        unsigned b[4];
-        ldsm_x4_t(b, kv_base + v_off + kc * 16 * ROWB + nd * 32);
-        mma_bf16(acc.o[2 * nd], a, b[0], b[1]);
-        mma_bf16(acc.o[2 * nd + 1], a, b[2], b[3]);
-      }
-    }
+    __syncthreads();
+    pp.phase_a<true, false>(ntiles);
   }
   cp_async_wait<0>();
+  float l_run = pp.l_run;
+  const float m_run = pp.m_run;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    acc.l[r] += __shfl_xor_sync(0xffffffffu, acc.l[r], 1);
-    acc.l[r] += __shfl_xor_sync(0xffffffffu, acc.l[r], 2);
+  for (int o = LPR / 2; o >= 1; o >>= 1) l_run += __shfl_xor_sync(0xffffffffu, l_run, o);
+  if (q == 0) {
+    float* ml = reinterpret_cast<float*>(sm + SM_ML) + 2 * srow;
+    ml[0] = m_run;
+    ml[1] = l_run;
   }
+  __syncthreads();
 }
 
 // f32 partial: o / l and lse = ln(sum e^s) (no sink); empty -> o = 0, lse = -inf.
-__device__ __forceinline__ void store_partial(const Acc& acc, float* part_o, float* part_lse,
-                                              long long slot, int h0) {
+__device__ __forceinline__ void store_partial(const char* sm, const Acc& acc, float* part_o,
+                                              float* part_lse, long long slot, int h0) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int hw = warp / NSL, sl = warp - hw * NSL;
   const int g = lane >> 2, t4 = lane & 3;
+  const float* ml = reinterpret_cast<const float*>(sm + SM_ML);
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const float l = acc.l[r];
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    const int head = h0 + hw * 16 + g + 8 * r;
-    float* op = part_o + (slot * HK + head) * D + sl * DS + 2 * t4;
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int j = 0; j < DS / 8; ++j)
-      *reinterpret_cast<float2*>(op + j * 8) =
-          make_float2(acc.o[j][2 * r] * inv, acc.o[j][2 * r + 1] * inv);
-    if (sl == 0 && t4 == 0)
-      part_lse[slot * HK + head] = l > 0.f ? (acc.m[r] + log2f(l)) * LN2 : V4_NEG_INF;
-  }
+    for (int r = 0; r < 2; ++r) {
+      const int hr = hw * MH + mt * 16 + g + 8 * r;
+      const float m = ml[2 * hr], l = ml[2 * hr + 1];
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const int head = h0 + hr;
+      float* op = part_o + (slot * HK + head) * D + sl * DS + 2 * t4;
+#pragma unroll
+      for (int j = 0; j < DS / 8; ++j)
+        *reinterpret_cast<float2*>(op + j * 8) =
+            make_float2(acc.o[mt][j][2 * r] * inv, acc.o[mt][j][2 * r + 1] * inv);
+      if (sl == 0 && t4 == 0)
+        part_lse[slot * HK + head] = l > 0.f ? (m + log2f(l)) * LN2 : V4_NEG_INF;
+    }
 }
 
 // Final bf16 output of one row with the sink in the denominator.
-__device__ __forceinline__ void store_final(const Acc& acc, __nv_bfloat16* o, float* lse,
-                                            long long row, int h0, const float* sink) {
+__device__ __forceinline__ void store_final(const char* sm, const Acc& acc, __nv_bfloat16* o,
+                                            float* lse, long long row, int h0, const float* sink) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int hw = warp / NSL, sl = warp - hw * NSL;
   const int g = lane >> 2, t4 = lane & 3;
+  const float* ml = reinterpret_cast<const float*>(sm + SM_ML);
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int head = h0 + hw * 16 + g + 8 * r;
-    const float sk = sink ? sink[head] * LOG2E : V4_NEG_INF;
-    const float mf = fmaxf(acc.m[r], sk);
-    float f = 0.f, ls = V4_NEG_INF;
-    if (mf != V4_NEG_INF) {
-      const float a = exp2f(acc.m[r] - mf);
-      const float lf = acc.l[r] * a + exp2f(sk - mf);
-      f = a / lf;
-      ls = (mf + log2f(lf)) * LN2;
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int hr = hw * MH + mt * 16 + g + 8 * r;
+      const float m = ml[2 * hr], l = ml[2 * hr + 1];
+      const int head = h0 + hr;
+      const float sk = sink ? sink[head] * LOG2E : V4_NEG_INF;
+      const float mf = fmaxf(m, sk);
+      float f = 0.f, ls = V4_NEG_INF;
+      if (mf != V4_NEG_INF) {
+        const float a = exp2f(m - mf);
+        const float lf = l * a + exp2f(sk - mf);
+        f = a / lf;
+        ls = (mf + log2f(lf)) * LN2;
+      }
+      unsigned* op = reinterpret_cast<unsigned*>(o + (row * HK + head) * D + sl * DS + 2 * t4);
+#pragma unroll
+      for (int j = 0; j < DS / 8; ++j)
+        op[j * 4] = pack_bf16(acc.o[mt][j][2 * r] * f, acc.o[mt][j][2 * r + 1] * f);
+      if (sl == 0 && t4 == 0) lse[row * HK + head] = ls;
     }
-    unsigned* op =
-        reinterpret_cast<unsigned*>(o + (row * HK + head) * D + sl * DS + 2 * t4);
-#pragma unroll
-    for (int j = 0; j < DS / 8; ++j) op[j * 4] = pack_bf16(acc.o[j][2 * r] * f, acc.o[j][2 * r + 1] * f);
-    if (sl == 0 && t4 == 0) lse[row * HK + head] = ls;
-  }
 }
 
 }  // namespace v4

@@ -5,7 +5,8 @@
 // with new kv_indptr / kv_indices contents.
 #include "v4_core.cuh"
 
-// grid (rows, n_max, HK/64 or 1), block 256, dynamic smem v4::SMEM_BYTES.
+// grid (HK/64 or 1, rows, n_max), block 256, dynamic smem v4::SMEM_BYTES (head
+// groups fastest, so both halves of a row's heads meet its KV in L2 together).
 // Split s of row i covers the row's tokens [ceil(len*s/n), ceil(len*(s+1)/n)),
 // n = split_indptr[i+1] - split_indptr[i]; it writes slot split_indptr[i] + s.
 extern "C" __global__ void __launch_bounds__(v4::THREADS, 1)
@@ -15,7 +16,7 @@ extern "C" __global__ void __launch_bounds__(v4::THREADS, 1)
              const int* __restrict__ kv_indices, const int* __restrict__ split_indptr,
              float sm_scale, int rows, float* __restrict__ part_o, float* __restrict__ part_lse) {
   extern __shared__ __align__(16) char sm[];
-  const int row = blockIdx.x, s = blockIdx.y, h0 = blockIdx.z * v4::HG;
+  const int h0 = blockIdx.x * v4::HG, row = blockIdx.y, s = blockIdx.z;
   if (row >= rows) return;
   const int slot0 = split_indptr[row];
   const int n = split_indptr[row + 1] - slot0;
@@ -27,5 +28,5 @@ extern "C" __global__ void __launch_bounds__(v4::THREADS, 1)
   const v4::Src src{q_packed, q_rope, pool_packed, pool_rope, kv_indices, sm_scale * v4::LOG2E};
   v4::Acc acc;
   v4::attend(sm, src, row, h0, beg + a, static_cast<int>(b - a), acc);
-  v4::store_partial(acc, part_o, part_lse, static_cast<long long>(slot0) + s, h0);
+  v4::store_partial(sm, acc, part_o, part_lse, static_cast<long long>(slot0) + s, h0);
 }

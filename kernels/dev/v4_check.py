@@ -7,7 +7,7 @@ sources with cupy's NVRTC. Correctness: random inputs, NaN in unused pool rows
 NaN-poisoned outputs, f64 reference on the dequantized inputs (torch on GPU).
 Timing: CUDA events, cold L2 (a 256 MB write between samples), median of N.
 
-usage: python3 v4_check.py [--quick] [--out DIR]
+usage: python3 v4_check.py [--no-bench] [--ablate] [--profile] [--out DIR]
 """
 import argparse, json, math, os, sys, time
 
@@ -29,8 +29,10 @@ def log(*a):
 
 # ---------------------------------------------------------------- kernels
 def smem_bytes(hk):
+    """v4::SMEM_BYTES of kernels/v4_core.cuh."""
     hg = min(hk, 64)
-    return hg * 1040 + 2 * 32 * 1040 + 2 * 32 * 592 + 8 * 16 * 32 * 4 + 1024
+    nsl = 8 // (hg // min(hg, 32))
+    return hg * 1040 + 2 * 32 * 1040 + 2 * 32 * 592 + nsl * hg * 40 * 4 + hg * 80 + hg * 12 + 1024
 
 
 _MODS = {}
@@ -63,15 +65,16 @@ def P(t):
 
 
 class Kernels:
-    def __init__(self):
+    def __init__(self, hca_name=None):
         self.split = {h: kernel(f"v4_split_h{h}", "v4_split.cu", [f"-DV4_HEADS={h}"], "v4_split", smem_bytes(h))
                       for h in (16, 32, 64, 128)}
-        self.hca = kernel("hca_persist_h128", "hca_persist.cu", ["-DV4_HEADS=128"], "hca_persist", smem_bytes(128))
+        self.hca = kernel(hca_name or "hca_persist_h128", "hca_persist.cu", ["-DV4_HEADS=128"], "hca_persist",
+                          smem_bytes(128))
         self.merge = kernel("v4_merge_dev", "dev/v4_merge_dev.cu", [], "split_merge", 0)
 
     def run_split(self, w, n, part_o, part_lse, split_indptr, rows):
         hk = w["hk"]
-        self.split[hk]((rows, n, max(hk // 64, 1)), (256, 1, 1),
+        self.split[hk]((max(hk // 64, 1), rows, n), (256, 1, 1),
                        (P(w["q_packed"]), P(w["q_rope"]), P(w["pool_packed"]), P(w["pool_rope"]),
                         P(w["kv_indptr"]), P(w["kv_indices"]), P(split_indptr), np.float32(w["sm_scale"]),
                         np.int32(rows), P(part_o), P(part_lse)), shared_mem=smem_bytes(hk))
@@ -82,11 +85,7 @@ class Kernels:
                     P(o), P(lse)))
 
     def run_hca(self, w, n_rows, parts, ws, o, lse):
-        self.hca((parts, 2, 1), (256, 1, 1),
-                 (P(w["q_packed"]), P(w["q_rope"]), P(w["pool_packed"]), P(w["pool_rope"]),
-                  P(w["kv_indptr"]), P(w["kv_indices"]), P(w["sink"]), np.float32(w["sm_scale"]),
-                  np.int32(n_rows), np.int32(parts), P(ws["o_acc"]), P(ws["lse_acc"]), P(ws["counters"]),
-                  P(o), P(lse)), shared_mem=smem_bytes(128))
+        self.hca((2, parts, 1), (256, 1, 1), hca_args(w, n_rows, parts, ws, o, lse), shared_mem=smem_bytes(128))
 
 
 # ---------------------------------------------------------------- inputs
@@ -253,7 +252,7 @@ def check_hca(K, lens, t_pad, parts, seed, n_rows=None, replays=1, sample=None, 
     return allok
 
 
-def correctness(K, quick):
+def correctness(K):
     rng = np.random.default_rng(1)
     edge = [0, 1, 5, 31, 32, 33, 64, 127, 128, 129, 300]
     lens_a = edge + [int(x) for x in rng.integers(0, 400, 26)]
@@ -356,20 +355,73 @@ def bench(K, label, hk, lens, splits, parts_list, bw, tf, seed=5):
     return out
 
 
+def ablate():
+    """Times hca_persist builds from kernels/dev/v4_ablate.py: stages removed (results wrong on purpose)
+    and the earlier partition-major grid order, on the same machine as the current build."""
+    rng = np.random.default_rng(7)
+    log("\n## ablations / grid order: hca_persist")
+    for rows in (64, 256):
+        lens = [int(x) for x in rng.integers(4096, 12289, rows)]
+        w = make_workload(128, lens, rows, 5)
+        o = torch.empty((rows, 128, 512), dtype=torch.bfloat16, device=DEV)
+        lse = torch.empty((rows, 128), device=DEV)
+        ws = dict(o_acc=torch.empty((264, 128, 512), device=DEV), lse_acc=torch.empty((264, 128), device=DEV),
+                  counters=torch.zeros(rows, dtype=torch.int32, device=DEV))
+        names = ("base", "partmajor", "nodq", "noload", "noqk", "nopv") if rows == 64 else ("base", "partmajor")
+        for parts in (128, 132):
+            for name in names:
+                K = Kernels(hca_name=f"hca_persist_h128_{name}")
+                if name == "partmajor":
+                    run = lambda: K.hca((parts, 2, 1), (256, 1, 1), hca_args(w, rows, parts, ws, o, lse),
+                                        shared_mem=smem_bytes(128))
+                else:
+                    run = lambda: K.run_hca(w, rows, parts, ws, o, lse)
+                med, p10, p90 = timeit(run)
+                ws["counters"].zero_()
+                log(f"rows={rows} P={parts} {name:10s} {med:9.1f} us  (p10 {p10:.1f}, p90 {p90:.1f})")
+
+
+def hca_args(w, n_rows, parts, ws, o, lse):
+    return (P(w["q_packed"]), P(w["q_rope"]), P(w["pool_packed"]), P(w["pool_rope"]),
+            P(w["kv_indptr"]), P(w["kv_indices"]), P(w["sink"]), np.float32(w["sm_scale"]),
+            np.int32(n_rows), np.int32(parts), P(ws["o_acc"]), P(ws["lse_acc"]), P(ws["counters"]), P(o), P(lse))
+
+
+def profile_one():
+    rng = np.random.default_rng(7)
+    lens = [int(x) for x in rng.integers(4096, 12289, 64)]
+    w = make_workload(128, lens, 64, 5)
+    o = torch.empty((64, 128, 512), dtype=torch.bfloat16, device=DEV)
+    lse = torch.empty((64, 128), device=DEV)
+    ws = dict(o_acc=torch.empty((264, 128, 512), device=DEV), lse_acc=torch.empty((264, 128), device=DEV),
+              counters=torch.zeros(64, dtype=torch.int32, device=DEV))
+    K = Kernels()
+    for _ in range(2):
+        K.run_hca(w, 64, 132, ws, o, lse)
+    torch.cuda.synchronize()
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-bench", action="store_true")
+    ap.add_argument("--ablate", action="store_true", help="only the ablation timings")
+    ap.add_argument("--profile", action="store_true", help="two hca_persist launches (for ncu)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
+    global FLUSH
+    FLUSH = torch.zeros(64 << 20, device=DEV)
+    if a.profile:
+        return profile_one()
+    if a.ablate:
+        ablate()
+        open(os.path.join(a.out, "v4_ablate.log"), "w").write("\n".join(LOG) + "\n")
+        return
     t0 = time.time()
     log(torch.cuda.get_device_name(), torch.__version__, cp.__version__)
     K = Kernels()
-    correctness(K, a.quick)
+    correctness(K)
     log(f"correctness: {sum(r[1] for r in RESULTS)}/{len(RESULTS)} pass ({time.time() - t0:.0f}s)")
     if not a.no_bench:
-        global FLUSH
-        FLUSH = torch.zeros(64 << 20, device=DEV)
         bw, tf = ceilings()
         rng = np.random.default_rng(7)
         hca64 = [int(x) for x in rng.integers(4096, 12289, 64)]
