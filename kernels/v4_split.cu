@@ -1,0 +1,32 @@
+// DeepSeek-V4 native-FP8 decode with a caller-built split plan (SPEC section 2,
+// variant v4_split). Stage 1 of 2: every (row, split, head group) CTA writes an
+// f32 partial without the sink; split_merge (merge.cu) adds the sink once.
+// The plan is read from device memory, so a captured graph replays correctly
+// with new kv_indptr / kv_indices contents.
+#include "v4_core.cuh"
+
+// grid (HK/64 or 1, rows, n_max), block 256, dynamic smem v4::SMEM_BYTES (head
+// groups fastest, so both halves of a row's heads meet its KV in L2 together).
+// Split s of row i covers the row's tokens [ceil(len*s/n), ceil(len*(s+1)/n)),
+// n = split_indptr[i+1] - split_indptr[i]; it writes slot split_indptr[i] + s.
+extern "C" __global__ void __launch_bounds__(v4::THREADS, 1)
+    v4_split(const unsigned char* __restrict__ q_packed, const __nv_bfloat16* __restrict__ q_rope,
+             const unsigned char* __restrict__ pool_packed,
+             const __nv_bfloat16* __restrict__ pool_rope, const int* __restrict__ kv_indptr,
+             const int* __restrict__ kv_indices, const int* __restrict__ split_indptr,
+             float sm_scale, int rows, float* __restrict__ part_o, float* __restrict__ part_lse) {
+  extern __shared__ __align__(16) char sm[];
+  const int h0 = blockIdx.x * v4::HG, row = blockIdx.y, s = blockIdx.z;
+  if (row >= rows) return;
+  const int slot0 = split_indptr[row];
+  const int n = split_indptr[row + 1] - slot0;
+  if (s >= n) return;
+  const int beg = kv_indptr[row];
+  const long long len = kv_indptr[row + 1] - beg;
+  const long long a = (len * s + n - 1) / n;
+  const long long b = (len * (s + 1) + n - 1) / n;
+  const v4::Src src{q_packed, q_rope, pool_packed, pool_rope, kv_indices, sm_scale * v4::LOG2E};
+  v4::Acc acc;
+  v4::attend(sm, src, row, h0, beg + a, static_cast<int>(b - a), acc);
+  v4::store_partial(sm, acc, part_o, part_lse, static_cast<long long>(slot0) + s, h0);
+}
