@@ -1,16 +1,105 @@
-//! TEMPORARY placeholder until the CUDA backend lands.
+//! Built without the `cuda` feature: the same public names as the CUDA
+//! backend, each answering that this build has no CUDA.
+//!
+//! The pure-data types (kernel specs, reports, errors) are the very files of
+//! the real backend, so variants and reports compile the same either way.
+
+#[path = "cuda/error.rs"]
+pub mod error;
+#[path = "cuda/report.rs"]
+pub mod report;
+#[path = "cuda/spec.rs"]
+pub mod spec;
+
+use std::convert::Infallible;
 use std::path::Path;
-pub struct CudaBackend;
+
+pub use error::{CompileError, EnvError};
+pub use report::{Ceilings, DeviceProps, DeviceReport, LaunchOverhead};
+pub use spec::KernelSpec;
+
+use super::{Backend, BackendError, DeviceInfo, RunOutput, TimingOptions};
+use crate::case::Case;
+use crate::variants::VariantPlan;
+use crate::workload::Workload;
+
+#[derive(Clone, Debug, Default)]
+pub struct OpenOptions {
+    pub ordinal: usize,
+    pub arch: Option<String>,
+    pub measure_ceilings: bool,
+    pub measure_launch: bool,
+}
+
+/// Cannot be constructed in this build.
+pub struct CudaBackend {
+    never: Infallible,
+}
+
 impl CudaBackend {
-    pub fn open(_k: &Path) -> anyhow::Result<CudaBackend> {
-        anyhow::bail!("CUDA backend not built yet")
+    pub fn open(_kernels_dir: &Path) -> Result<Self, EnvError> {
+        Err(EnvError::Disabled)
+    }
+
+    pub fn open_with(_kernels_dir: &Path, _opts: &OpenOptions) -> Result<Self, EnvError> {
+        Err(EnvError::Disabled)
+    }
+
+    pub fn report(&self) -> DeviceReport {
+        match self.never {}
     }
 }
-impl super::Backend for CudaBackend {
-    fn info(&self) -> &super::DeviceInfo {
-        unreachable!()
+
+pub fn device_report(
+    _kernels_dir: &Path,
+    _measure_ceilings: bool,
+) -> Result<DeviceReport, EnvError> {
+    Err(EnvError::Disabled)
+}
+
+/// Type of a `--check` result, as in the CUDA build.
+pub type CheckResults = Vec<(KernelSpec, Result<(), CompileError>)>;
+
+pub fn check_all(
+    _kernels_dir: &Path,
+    _specs: &[KernelSpec],
+    _arch: &str,
+) -> Result<CheckResults, EnvError> {
+    Err(EnvError::Disabled)
+}
+
+impl Backend for CudaBackend {
+    fn info(&self) -> &DeviceInfo {
+        match self.never {}
     }
-    fn run(&mut self, _r: &super::RunRequest) -> Result<super::RunOutput, super::BackendError> {
-        unreachable!()
+
+    fn run(
+        &mut self,
+        _case: &Case,
+        _workload: &Workload,
+        _plan: &VariantPlan,
+        _timing: &TimingOptions,
+    ) -> Result<RunOutput, BackendError> {
+        match self.never {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_entry_point_names_the_fix() {
+        let k = Path::new("kernels");
+        let msg = CudaBackend::open(k).err().unwrap().to_string();
+        assert_eq!(
+            msg,
+            "built without the cuda feature; rebuild with --features cuda"
+        );
+        assert!(matches!(device_report(k, true), Err(EnvError::Disabled)));
+        assert!(matches!(
+            check_all(k, &[], "sm_90a"),
+            Err(EnvError::Disabled)
+        ));
     }
 }

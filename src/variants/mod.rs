@@ -5,6 +5,7 @@ use serde::Serialize;
 use std::fmt;
 use std::str::FromStr;
 
+pub mod kernels;
 pub mod plans;
 
 pub use plans::*;

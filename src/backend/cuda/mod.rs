@@ -1,16 +1,232 @@
-//! TEMPORARY placeholder until the CUDA backend lands.
+//! CUDA backend: cudarc driver wrapper, NVRTC compile + cache, event and
+//! graph timing, measured ceilings. Variant launches are built on
+//! [`CudaBackend::module`], [`CudaDevice::launch`] and [`CudaBackend::time_region`].
+
+mod cache;
+pub mod ceilings;
+pub mod compile;
+pub mod device;
+pub mod error;
+mod launch;
+mod libs;
+pub mod probe;
+pub mod report;
+pub mod spec;
+pub mod timing;
+
+use std::collections::HashMap;
 use std::path::Path;
-pub struct CudaBackend;
-impl CudaBackend {
-    pub fn open(_k: &Path) -> anyhow::Result<CudaBackend> {
-        anyhow::bail!("CUDA backend not built yet")
+use std::sync::Arc;
+
+pub use compile::{check_all, default_arch, CheckResults, Compiled, Compiler};
+pub use cudarc::driver::LaunchConfig;
+pub use device::{CudaDevice, DeviceBuffer, Graph, Kernel, KernelResources, Launch, LoadedModule};
+pub use error::{CompileError, EnvError};
+pub use report::{Ceilings, DeviceProps, DeviceReport, LaunchOverhead};
+pub use spec::KernelSpec;
+pub use timing::{Aids, Cold, L2Flush, RegionSamples, Timer};
+
+use super::{Backend, BackendError, DeviceInfo, RunOutput, RunRequest, TimingOptions};
+use probe::Probe;
+
+/// What [`CudaBackend::open_with`] does besides opening the device.
+#[derive(Clone, Debug)]
+pub struct OpenOptions {
+    pub ordinal: usize,
+    /// NVRTC target; None: [`default_arch`] of the device.
+    pub arch: Option<String>,
+    /// Measure copy bandwidth and tensor rate (about a second of GPU time).
+    pub measure_ceilings: bool,
+    /// Measure the empty-kernel launch cost.
+    pub measure_launch: bool,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            ordinal: 0,
+            arch: None,
+            measure_ceilings: true,
+            measure_launch: false,
+        }
     }
 }
-impl super::Backend for CudaBackend {
-    fn info(&self) -> &super::DeviceInfo {
-        unreachable!()
+
+pub struct CudaBackend {
+    pub dev: CudaDevice,
+    pub compiler: Compiler,
+    pub probe: Probe,
+    pub flush: L2Flush,
+    pub timer: Timer,
+    pub ceilings: Option<Ceilings>,
+    pub launch_overhead: Option<LaunchOverhead>,
+    info: DeviceInfo,
+    modules: HashMap<KernelSpec, Arc<LoadedModule>>,
+    notes: Vec<String>,
+}
+
+impl CudaBackend {
+    /// Device 0, with its ceilings measured.
+    pub fn open(kernels_dir: &Path) -> Result<Self, EnvError> {
+        Self::open_with(kernels_dir, &OpenOptions::default())
     }
-    fn run(&mut self, _r: &super::RunRequest) -> Result<super::RunOutput, super::BackendError> {
-        unreachable!()
+
+    pub fn open_with(kernels_dir: &Path, opts: &OpenOptions) -> Result<Self, EnvError> {
+        let dev = CudaDevice::open(opts.ordinal)?;
+        let arch = opts
+            .arch
+            .clone()
+            .unwrap_or_else(|| default_arch(dev.props().compute_capability));
+        let compiler = Compiler::new(kernels_dir, &arch)?;
+        let compiled = compiler.compile(&probe::spec())?;
+        let setup = |e: BackendError| EnvError::Setup(e.to_string());
+        let probe = Probe::load(&dev, &compiled.cubin).map_err(setup)?;
+        let flush = L2Flush::new(&dev, probe.l2_flush()).map_err(setup)?;
+        let timer = Timer::default();
+        let ceilings = if opts.measure_ceilings {
+            Some(ceilings::measure(&dev, &probe).map_err(setup)?)
+        } else {
+            None
+        };
+        let launch_overhead = if opts.measure_launch {
+            Some(ceilings::launch_overhead(&dev, &probe, &timer).map_err(setup)?)
+        } else {
+            None
+        };
+        let info = device_info(&dev, &compiler, ceilings.as_ref());
+        Ok(CudaBackend {
+            dev,
+            compiler,
+            probe,
+            flush,
+            timer,
+            ceilings,
+            launch_overhead,
+            info,
+            modules: HashMap::new(),
+            notes: Vec::new(),
+        })
+    }
+
+    /// The loaded module of one kernel configuration, compiled (or taken
+    /// from the cache) on first use.
+    pub fn module(&mut self, spec: &KernelSpec) -> Result<Arc<LoadedModule>, BackendError> {
+        if let Some(m) = self.modules.get(spec) {
+            return Ok(m.clone());
+        }
+        let c = self
+            .compiler
+            .compile(spec)
+            .map_err(|e| BackendError::Failed(e.to_string()))?;
+        self.notes.push(if c.cache_hit {
+            format!("{}: kernel cache hit", spec.label())
+        } else {
+            format!("{}: compiled in {:.0} ms", spec.label(), c.compile_ms)
+        });
+        let m = Arc::new(self.dev.load_module(&c.cubin, spec)?);
+        self.modules.insert(spec.clone(), m.clone());
+        Ok(m)
+    }
+
+    /// Compile notes gathered since the last call (for `RunOutput::notes`).
+    pub fn take_notes(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.notes)
+    }
+
+    /// The flush and queue-ahead kernels of this backend, for [`Timer`].
+    pub fn aids(&self) -> Aids<'_> {
+        Aids {
+            flush: Some((&self.flush, self.probe.l2_flush())),
+            spin: Some(self.probe.spin()),
+        }
+    }
+
+    /// [`Timer::time_region`] with this backend's L2 flush and queue-ahead.
+    pub fn time_region(
+        &self,
+        opts: &TimingOptions,
+        between: impl FnMut() -> Result<(), BackendError>,
+        launch: impl FnMut(usize) -> Result<(), BackendError>,
+    ) -> Result<RegionSamples, BackendError> {
+        self.timer
+            .time_region(&self.dev, opts, self.aids(), between, launch)
+    }
+
+    pub fn report(&self) -> DeviceReport {
+        DeviceReport {
+            props: self.dev.props().clone(),
+            nvrtc_version: self.compiler.nvrtc().version,
+            nvrtc_source: self.compiler.nvrtc().source.clone(),
+            arch: self.compiler.arch().to_string(),
+            cuda_include: self.compiler.include_dir().display().to_string(),
+            kernel_cache: self.compiler.cache_dir().map(|d| d.display().to_string()),
+            ceilings: self.ceilings.clone(),
+            launch: self.launch_overhead.clone(),
+        }
+    }
+}
+
+/// `mlabench device`: opens device 0 and measures what the report shows.
+pub fn device_report(kernels_dir: &Path, measure_ceilings: bool) -> Result<DeviceReport, EnvError> {
+    let opts = OpenOptions {
+        measure_ceilings,
+        measure_launch: measure_ceilings,
+        ..OpenOptions::default()
+    };
+    Ok(CudaBackend::open_with(kernels_dir, &opts)?.report())
+}
+
+fn device_info(dev: &CudaDevice, compiler: &Compiler, ceilings: Option<&Ceilings>) -> DeviceInfo {
+    let p = dev.props();
+    let mut details = vec![
+        (
+            "compute_capability".to_string(),
+            format!("{}.{}", p.compute_capability.0, p.compute_capability.1),
+        ),
+        ("arch".into(), compiler.arch().to_string()),
+        (
+            "driver".into(),
+            format!("{}.{}", p.driver_version.0, p.driver_version.1),
+        ),
+        (
+            "nvrtc".into(),
+            format!(
+                "{}.{}",
+                compiler.nvrtc().version.0,
+                compiler.nvrtc().version.1
+            ),
+        ),
+        ("sm_clock_max_mhz".into(), format!("{:.0}", p.sm_clock_mhz)),
+        (
+            "mem_clock_max_mhz".into(),
+            format!("{:.0}", p.mem_clock_mhz),
+        ),
+        (
+            "mem_total_gib".into(),
+            format!("{:.1}", p.total_mem_bytes as f64 / (1u64 << 30) as f64),
+        ),
+    ];
+    if let Some(c) = ceilings {
+        details.push(("copy_method".into(), c.copy_method.clone()));
+        details.push(("tensor_label".into(), c.tensor_label.clone()));
+    }
+    DeviceInfo {
+        backend: "cuda".into(),
+        name: p.name.clone(),
+        compute_units: p.sm_count,
+        l2_bytes: p.l2_bytes,
+        copy_gbps: ceilings.map(|c| c.copy_gbps),
+        tensor_tflops: ceilings.map(|c| c.tensor_tflops),
+        details,
+    }
+}
+
+impl Backend for CudaBackend {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn run(&mut self, req: &RunRequest) -> Result<RunOutput, BackendError> {
+        self.run_request(req)
     }
 }

@@ -1,0 +1,206 @@
+//! The two ceilings reports divide by, measured on the device at hand
+//! (never datasheet numbers, never cached across runs): device-to-device
+//! copy bandwidth and the dense mma.sync tensor rate.
+
+use cudarc::driver::LaunchConfig;
+
+use super::device::CudaDevice;
+use super::probe::Probe;
+use super::report::{Ceilings, LaunchOverhead};
+use super::timing::{median, queue_ahead, Aids, Timer};
+use crate::backend::{BackendError, TimingOptions};
+
+/// Timed runs per median.
+const SAMPLES: usize = 10;
+/// Bytes of one copy's source (2 GiB), less on a device without room.
+const COPY_BYTES: usize = 2 << 30;
+/// mma.sync m16n8k16: 2 * 16 * 8 * 16 FLOP.
+const MMA_FLOP: f64 = 4096.0;
+/// Accumulator chains per warp in probe.cu (MLAB_MMA_CHAINS).
+const MMA_CHAINS: f64 = 8.0;
+const MMA_BLOCK: u32 = 256;
+/// GPU busy-wait before each timed probe run, so host launch latency is
+/// not timed (see `timing::Aids::spin`).
+const QUEUE_AHEAD_NS: u64 = 50_000;
+
+pub fn measure(dev: &CudaDevice, probe: &Probe) -> Result<Ceilings, BackendError> {
+    let (memcpy_gbps, copy_kernel_gbps, copy_buffer_bytes) = copy_bandwidth(dev, probe)?;
+    let tensor_tflops = mma_rate(dev, probe)?;
+    let (copy_gbps, copy_method) = if memcpy_gbps >= copy_kernel_gbps {
+        (memcpy_gbps, "cuMemcpyDtoD")
+    } else {
+        (copy_kernel_gbps, "16-byte copy kernel")
+    };
+    Ok(Ceilings {
+        copy_gbps,
+        copy_method: copy_method.into(),
+        memcpy_gbps,
+        copy_kernel_gbps,
+        copy_buffer_bytes,
+        tensor_tflops,
+        tensor_label: "mma.sync bf16".into(),
+        samples: SAMPLES,
+    })
+}
+
+/// Median GB/s (read + write bytes) of cuMemcpyDtoD and of probe.cu's
+/// 16-byte copy kernel, and the buffer size used.
+fn copy_bandwidth(dev: &CudaDevice, probe: &Probe) -> Result<(f64, f64, usize), BackendError> {
+    let (free, _) = dev.mem_info()?;
+    // Two buffers in at most 40% of free memory, whole MiB.
+    let bytes = COPY_BYTES.min(free / 5) & !((1 << 20) - 1);
+    if bytes < 4 * dev.props().l2_bytes {
+        return Err(BackendError::Failed(format!(
+            "only {} MiB free: too little for a copy larger than the L2",
+            free >> 20
+        )));
+    }
+    let words = bytes / 4;
+    let mut src = dev.alloc_zeros::<u32>(words)?;
+    let mut dst = dev.alloc_zeros::<u32>(words)?;
+    dev.fill_u32(&mut src, 0xa5c3_5a3c)?;
+    let timed = |run: &mut dyn FnMut() -> Result<(), BackendError>| -> Result<f64, BackendError> {
+        let (a, b) = (dev.event()?, dev.event()?);
+        run()?;
+        let mut ms = Vec::with_capacity(SAMPLES);
+        for _ in 0..SAMPLES {
+            queue_ahead(dev, probe.spin(), QUEUE_AHEAD_NS)?;
+            dev.record(&a)?;
+            run()?;
+            dev.record(&b)?;
+            ms.push(dev.elapsed_ms(&a, &b)?);
+        }
+        Ok(2.0 * bytes as f64 / (median(&ms) * 1e-3) / 1e9)
+    };
+    let memcpy = timed(&mut || dev.copy(&src, &mut dst))?;
+
+    // The kernel must really copy every word: poison dst, copy, check
+    // samples at the start, the middle and the end (the grid-stride tail).
+    dev.fill_u32(&mut dst, 0xffff_ffff)?;
+    let k = probe.copy();
+    let n16 = (bytes / 16) as u64;
+    let grid = dev.props().sm_count as u32
+        * k.occupancy(256, 0)
+            .map_err(|e| dev.map_err("occupancy", e))?
+            .max(1);
+    let cfg = LaunchConfig {
+        grid_dim: (grid, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let kernel = timed(&mut || {
+        // SAFETY: mlab_copy_u128(const uint4* src, uint4* dst, u64 n): both
+        // buffers hold n 16-byte words.
+        unsafe { dev.launch(k).arg(&src).arg(&mut dst).arg(&n16).launch(cfg) }
+    })?;
+    for at in [0, words / 2, words - 1024] {
+        let got = dev.download(&dst.slice(at..at + 1024))?;
+        if let Some(bad) = got.iter().position(|&w| w != 0xa5c3_5a3c) {
+            return Err(BackendError::Failed(format!(
+                "copy probe left word {} as {:#x}",
+                at + bad,
+                got[bad]
+            )));
+        }
+    }
+    Ok((memcpy, kernel, bytes))
+}
+
+/// Median TFLOP/s of probe.cu's register-resident mma.sync loop over every SM.
+fn mma_rate(dev: &CudaDevice, probe: &Probe) -> Result<f64, BackendError> {
+    let k = probe.mma();
+    let per_sm = k
+        .occupancy(MMA_BLOCK, 0)
+        .map_err(|e| dev.map_err("occupancy", e))?
+        .max(1);
+    let grid = dev.props().sm_count as u32 * per_sm;
+    let threads = (grid * MMA_BLOCK) as usize;
+    let mut out = dev.alloc_zeros::<f32>(threads)?;
+    let seed = 0x5eed_u32;
+    let cfg = LaunchConfig {
+        grid_dim: (grid, 1, 1),
+        block_dim: (MMA_BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let flop = |iters: i32| (threads / 32) as f64 * iters as f64 * MMA_CHAINS * MMA_FLOP;
+    let mut run = |iters: i32| -> Result<f64, BackendError> {
+        let (a, b) = (dev.event()?, dev.event()?);
+        queue_ahead(dev, probe.spin(), QUEUE_AHEAD_NS)?;
+        dev.record(&a)?;
+        // SAFETY: mlab_mma_bf16(float* out, int iters, unsigned seed): out
+        // holds one float per launched thread.
+        unsafe {
+            dev.launch(k)
+                .arg(&mut out)
+                .arg(&iters)
+                .arg(&seed)
+                .launch(cfg)?
+        };
+        dev.record(&b)?;
+        dev.elapsed_ms(&a, &b)
+    };
+    // Calibrate to about 10 ms per run, after a warm-up that lifts the clocks.
+    let probe_iters = 512;
+    run(probe_iters)?;
+    let t = run(probe_iters)?.max(1e-3);
+    let iters =
+        ((probe_iters as f64 * 10.0 / t) as i64).clamp(probe_iters as i64, i32::MAX as i64) as i32;
+    run(iters)?;
+    let mut ms = Vec::with_capacity(SAMPLES);
+    for _ in 0..SAMPLES {
+        ms.push(run(iters)?);
+    }
+    let sums = dev.download(&out)?;
+    if sums.iter().any(|x| !x.is_finite()) || sums.iter().all(|&x| x == 0.0) {
+        return Err(BackendError::Failed(
+            "mma probe produced non-finite or all-zero sums".into(),
+        ));
+    }
+    Ok(flop(iters) / (median(&ms) * 1e-3) / 1e12)
+}
+
+/// Empty-kernel cost: between events (launch queued ahead, so this is the
+/// device-side cost), and per launch in a replayed graph.
+pub fn launch_overhead(
+    dev: &CudaDevice,
+    probe: &Probe,
+    timer: &Timer,
+) -> Result<LaunchOverhead, BackendError> {
+    let k = probe.empty();
+    let cfg = LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let launch = |_: usize| {
+        // SAFETY: mlab_empty takes no parameters and touches no memory.
+        unsafe { dev.launch(k).launch(cfg) }
+    };
+    let opts = TimingOptions {
+        enabled: true,
+        warmup: 10,
+        min_samples: 50,
+        min_time_ms: 0.0,
+        cold_l2: false,
+        graph: false,
+    };
+    let aids = Aids {
+        flush: None,
+        spin: Some(probe.spin()),
+    };
+    let ev = timer.time_region(dev, &opts, aids, || Ok(()), launch)?;
+    let graph = timer.time_region(
+        dev,
+        &TimingOptions {
+            graph: true,
+            ..opts
+        },
+        aids,
+        || Ok(()),
+        launch,
+    )?;
+    Ok(LaunchOverhead {
+        events_us: median(&ev.ms) * 1e3,
+        graph_us: median(&graph.ms) * 1e3,
+    })
+}

@@ -1,0 +1,461 @@
+//! Variant launches on the CUDA backend: upload a workload, launch the
+//! plan's kernels, download and strip outputs, time kernel and variant.
+
+use cudarc::driver::LaunchConfig;
+
+use super::{CudaBackend, DeviceBuffer};
+use crate::backend::{BackendError, OutTensor, RunOutput, RunRequest, Samples, TimingOptions};
+use crate::case::{Dtype, MLA_D_QK, MLA_D_V, V4_D};
+use crate::metrics::POISON_BITS;
+use crate::plan::worklist::WorkList;
+use crate::variants::{kernels, CombineInputs, SplitMergeInputs, VariantPlan};
+use crate::workload::codec::bf16_from_bits;
+use crate::workload::{Elems, MlaWorkload, V4Workload, Workload};
+
+/// bf16 outputs are poisoned with this NaN; the download maps it to the f32 poison.
+const BF16_POISON: u16 = 0x7FA5;
+
+type R<T> = Result<T, BackendError>;
+
+fn cfg(grid: (u32, u32, u32), block: u32, smem: u32) -> LaunchConfig {
+    LaunchConfig { grid_dim: grid, block_dim: (block, 1, 1), shared_mem_bytes: smem }
+}
+
+fn bf16_out(bits: &[u16]) -> Vec<f32> {
+    bits.iter().map(|&b| if b == BF16_POISON { f32::from_bits(POISON_BITS) } else { bf16_from_bits(b) }).collect()
+}
+
+/// `[rows, hk, d]` -> `[rows, h, d]`.
+fn strip(x: &[f32], rows: usize, hk: usize, h: usize, d: usize) -> Vec<f32> {
+    if hk == h {
+        return x.to_vec();
+    }
+    let mut out = Vec::with_capacity(rows * h * d);
+    for i in 0..rows {
+        out.extend_from_slice(&x[i * hk * d..(i * hk + h) * d]);
+    }
+    out
+}
+
+/// Q bytes padded from `h` to `hk` heads with zeros.
+fn pad_heads(bytes: &[u8], rows: usize, h: usize, hk: usize, row_bytes: usize) -> Vec<u8> {
+    if h == hk {
+        return bytes.to_vec();
+    }
+    let mut out = vec![0u8; rows * hk * row_bytes];
+    for i in 0..rows {
+        out[i * hk * row_bytes..(i * hk + h) * row_bytes].copy_from_slice(&bytes[i * h * row_bytes..(i + 1) * h * row_bytes]);
+    }
+    out
+}
+
+/// Samples of a kernel-only region and a whole-variant region.
+fn samples(kernel: Vec<f64>, variant: Vec<f64>, clock: &str) -> Samples {
+    Samples { kernel_ms: kernel, variant_ms: variant, clock: clock.to_string() }
+}
+
+/// Device buffers of one MLA rank.
+struct MlaRank {
+    q: DeviceBuffer<u8>,
+    kv: DeviceBuffer<u8>,
+    kv_indptr: DeviceBuffer<i32>,
+    kv_indices: DeviceBuffer<i32>,
+    last_page: DeviceBuffer<i32>,
+    qo_indptr: DeviceBuffer<i32>,
+    g_kv_indptr: DeviceBuffer<i32>,
+    o: DeviceBuffer<u16>,
+    lse: DeviceBuffer<f32>,
+}
+
+impl CudaBackend {
+    fn mla_rank(&self, w: &MlaWorkload, r: usize, hk: usize) -> R<MlaRank> {
+        let eb = w.q.elem_bytes();
+        let sh = &w.shards[r];
+        let n = w.p.total_q();
+        let dev = &self.dev;
+        let mut o = dev.alloc_zeros::<u16>(n * hk * MLA_D_V)?;
+        let mut lse = dev.alloc_zeros::<f32>(n * hk)?;
+        dev.fill_u16(&mut o, BF16_POISON)?;
+        dev.fill_u32(&mut lse, POISON_BITS)?;
+        Ok(MlaRank {
+            q: dev.upload(&pad_heads(w.q.as_bytes(), n, w.heads(), hk, MLA_D_QK * eb))?,
+            kv: dev.upload(sh.pool.as_bytes())?,
+            kv_indptr: dev.upload(&sh.kv_indptr)?,
+            kv_indices: dev.upload(&sh.kv_indices)?,
+            last_page: dev.upload(&sh.kv_last_page_len)?,
+            qo_indptr: dev.upload(&w.qo_indptr)?,
+            g_kv_indptr: dev.upload(&w.g_kv_indptr)?,
+            o,
+            lse,
+        })
+    }
+
+    fn mla_outputs(&self, w: &MlaWorkload, r: usize, hk: usize, b: &MlaRank, out: &mut Vec<OutTensor>) -> R<()> {
+        let (n, h) = (w.p.total_q(), w.heads());
+        let o = bf16_out(&self.dev.download(&b.o)?);
+        let lse = self.dev.download(&b.lse)?;
+        out.push(OutTensor { name: format!("o.r{r}"), row_len: h * MLA_D_V, data: strip(&o, n, hk, h, MLA_D_V) });
+        out.push(OutTensor { name: format!("lse.r{r}"), row_len: h, data: strip(&lse, n, hk, h, 1) });
+        Ok(())
+    }
+
+    fn run_ps1(&mut self, w: &MlaWorkload, hk: usize, ranks: &[WorkList], timing: &TimingOptions) -> R<RunOutput> {
+        let fp8 = w.p.dtype == Dtype::Fp8;
+        let mt = kernels::mla_mt(hk, w.p.s_q);
+        let m = self.module(&kernels::ps1(hk, fp8, mt))?;
+        let (fwd, red) = (m.kernel("ps1_fwd")?, m.kernel("ps1_reduce")?);
+        let block = 32 * kernels::mla_warps(mt) as u32;
+        let smem = kernels::mla_smem(fp8, mt);
+        let (ws, rs, ss) = (w.p.dcp_world as i32, 0i32, w.p.interleave as i32);
+        let (qs, ks, sm) = (w.q_scale, w.kv_scale, w.p.sm_scale as f32);
+        let mut tensors = Vec::new();
+        let mut timed = None;
+        for (r, wl) in ranks.iter().enumerate() {
+            let mut b = self.mla_rank(w, r, hk)?;
+            let (items, reduce) = wl.to_i32();
+            let work_indptr = self.dev.upload(&wl.work_indptr)?;
+            let work_items = self.dev.upload(&items)?;
+            let reduce_items = self.dev.upload(if reduce.is_empty() { &[0i32; 4][..] } else { &reduce })?;
+            let parts = wl.num_partial_rows.max(1);
+            let part_o = self.dev.alloc_zeros::<f32>(parts * hk * MLA_D_V)?;
+            let part_lse = self.dev.alloc_zeros::<f32>(parts * hk)?;
+            let rank = r as i32 + rs;
+            let n_red = wl.reduce.len() as u32;
+            let dev = &self.dev;
+            let mut fwd_launch = |b: &mut MlaRank| -> R<()> {
+                // SAFETY: argument list matches ps1_fwd in ABI-kmla; every buffer
+                // is sized from the workload and work list the kernel indexes.
+                unsafe {
+                    dev.launch(fwd)
+                        .arg(&b.q)
+                        .arg(&b.kv)
+                        .arg(&b.kv_indptr)
+                        .arg(&b.kv_indices)
+                        .arg(&b.qo_indptr)
+                        .arg(&b.g_kv_indptr)
+                        .arg(&work_indptr)
+                        .arg(&work_items)
+                        .arg(&qs)
+                        .arg(&ks)
+                        .arg(&sm)
+                        .arg(&ws)
+                        .arg(&rank)
+                        .arg(&ss)
+                        .arg(&mut b.o)
+                        .arg(&mut b.lse)
+                        .arg(&part_o)
+                        .arg(&part_lse)
+                        .launch(cfg((wl.num_ctas as u32, 1, 1), block, smem))
+                }
+            };
+            let red_launch = |b: &mut MlaRank| -> R<()> {
+                if n_red == 0 {
+                    return Ok(());
+                }
+                // SAFETY: matches ps1_reduce in ABI-kmla; reduce items index partial
+                // rows below num_partial_rows and final rows below total_q.
+                unsafe { dev.launch(red).arg(&part_o).arg(&part_lse).arg(&reduce_items).arg(&mut b.o).arg(&mut b.lse).launch(cfg((n_red, hk as u32, 1), 128, 0)) }
+            };
+            fwd_launch(&mut b)?;
+            red_launch(&mut b)?;
+            self.dev.sync()?;
+            self.mla_outputs(w, r, hk, &b, &mut tensors)?;
+            if r == 0 && timing.enabled {
+                let k = self.time_region(timing, || Ok(()), |_| fwd_launch(&mut b))?;
+                let v = self.time_region(timing, || Ok(()), |_| fwd_launch(&mut b).and_then(|_| red_launch(&mut b)))?;
+                timed = Some(samples(k.ms, v.ms, v.clock));
+            }
+        }
+        Ok(RunOutput { tensors, samples: timed, notes: self.take_notes() })
+    }
+
+    fn run_page64(&mut self, w: &MlaWorkload, hk: usize, splits: &[usize], timing: &TimingOptions) -> R<RunOutput> {
+        let fp8 = w.p.dtype == Dtype::Fp8;
+        let mt = kernels::mla_mt(hk, w.p.s_q);
+        let m = self.module(&kernels::page64(hk, fp8, mt))?;
+        let (fwd, mrg) = (m.kernel("page64_fwd")?, m.kernel("page64_merge")?);
+        let block = 32 * kernels::mla_warps(mt) as u32;
+        let smem = kernels::mla_smem(fp8, mt);
+        let (qs, ks, sm) = (w.q_scale, w.kv_scale, w.p.sm_scale as f32);
+        let n = w.p.total_q();
+        let mut tensors = Vec::new();
+        let mut timed = None;
+        for (r, &ns) in splits.iter().enumerate() {
+            let mut b = self.mla_rank(w, r, hk)?;
+            let parts = if ns > 1 { n * ns } else { 1 };
+            let part_o = self.dev.alloc_zeros::<f32>(parts * hk * MLA_D_V)?;
+            let part_lse = self.dev.alloc_zeros::<f32>(parts * hk)?;
+            let ns_i = ns as i32;
+            let dev = &self.dev;
+            let grid = ((hk / 16) as u32, ns as u32, w.p.batch as u32);
+            let mut fwd_launch = |b: &mut MlaRank| -> R<()> {
+                // SAFETY: matches page64_fwd in ABI-kmla; the pool, page table and
+                // partials are sized from this rank's shard and split count.
+                unsafe {
+                    dev.launch(fwd)
+                        .arg(&b.q)
+                        .arg(&b.kv)
+                        .arg(&b.kv_indptr)
+                        .arg(&b.kv_indices)
+                        .arg(&b.last_page)
+                        .arg(&b.qo_indptr)
+                        .arg(&qs)
+                        .arg(&ks)
+                        .arg(&sm)
+                        .arg(&ns_i)
+                        .arg(&mut b.o)
+                        .arg(&mut b.lse)
+                        .arg(&part_o)
+                        .arg(&part_lse)
+                        .launch(cfg(grid, block, smem))
+                }
+            };
+            let mrg_launch = |b: &mut MlaRank| -> R<()> {
+                if ns == 1 {
+                    return Ok(());
+                }
+                // SAFETY: matches page64_merge in ABI-kmla: [total_q, n, HK] partials.
+                unsafe { dev.launch(mrg).arg(&part_o).arg(&part_lse).arg(&ns_i).arg(&mut b.o).arg(&mut b.lse).launch(cfg((n as u32, hk as u32, 1), 128, 0)) }
+            };
+            fwd_launch(&mut b)?;
+            mrg_launch(&mut b)?;
+            self.dev.sync()?;
+            self.mla_outputs(w, r, hk, &b, &mut tensors)?;
+            if r == 0 && timing.enabled {
+                let k = self.time_region(timing, || Ok(()), |_| fwd_launch(&mut b))?;
+                let v = self.time_region(timing, || Ok(()), |_| fwd_launch(&mut b).and_then(|_| mrg_launch(&mut b)))?;
+                timed = Some(samples(k.ms, v.ms, v.clock));
+            }
+        }
+        Ok(RunOutput { tensors, samples: timed, notes: self.take_notes() })
+    }
+
+    fn run_combine(&mut self, c: &CombineInputs, timing: &TimingOptions) -> R<RunOutput> {
+        let m = self.module(&kernels::merge())?;
+        let k = m.kernel("dcp_combine")?;
+        let (rows, h) = (c.rows.len(), c.heads);
+        let o_r = self.dev.upload(&c.o)?;
+        let lse_r = self.dev.upload(&c.lse)?;
+        let mut o = self.dev.alloc_zeros::<u16>(rows * h * MLA_D_V)?;
+        let mut lse = self.dev.alloc_zeros::<f32>(rows * h)?;
+        self.dev.fill_u16(&mut o, BF16_POISON)?;
+        self.dev.fill_u32(&mut lse, POISON_BITS)?;
+        let (wi, ri, hi) = (c.world as i32, rows as i32, h as i32);
+        let dev = &self.dev;
+        let mut launch = || -> R<()> {
+            // SAFETY: matches dcp_combine in ABI-kmla: [W, rows, H, 512] in, [rows, H, 512] out.
+            unsafe { dev.launch(k).arg(&o_r).arg(&lse_r).arg(&wi).arg(&ri).arg(&hi).arg(&mut o).arg(&mut lse).launch(cfg(((rows * h) as u32, 1, 1), 64, 0)) }
+        };
+        launch()?;
+        let timed = if timing.enabled {
+            let s = self.time_region(timing, || Ok(()), |_| launch())?;
+            Some(samples(s.ms.clone(), s.ms, s.clock))
+        } else {
+            None
+        };
+        let tensors = vec![
+            OutTensor { name: "o".into(), row_len: h * MLA_D_V, data: bf16_out(&self.dev.download(&o)?) },
+            OutTensor { name: "lse".into(), row_len: h, data: self.dev.download(&lse)? },
+        ];
+        Ok(RunOutput { tensors, samples: timed, notes: self.take_notes() })
+    }
+}
+
+/// Device copies of a V4 workload's inputs.
+struct V4Inputs {
+    q: DeviceBuffer<u8>,
+    q_rope: DeviceBuffer<u16>,
+    pool: DeviceBuffer<u8>,
+    pool_rope: DeviceBuffer<u16>,
+    kv_indptr: DeviceBuffer<i32>,
+    kv_indices: DeviceBuffer<i32>,
+    sink: DeviceBuffer<f32>,
+}
+
+impl CudaBackend {
+    fn v4_inputs(&self, w: &V4Workload) -> R<V4Inputs> {
+        let d = &self.dev;
+        Ok(V4Inputs {
+            q: d.upload(&w.q_packed)?,
+            q_rope: d.upload(&w.q_rope)?,
+            pool: d.upload(&w.pool_packed)?,
+            pool_rope: d.upload(&w.pool_rope)?,
+            kv_indptr: d.upload(&w.kv_indptr)?,
+            kv_indices: d.upload(&w.kv_indices)?,
+            sink: d.upload(&w.sink)?,
+        })
+    }
+
+    fn v4_outputs(&self, w: &V4Workload, o: &DeviceBuffer<u16>, lse: &DeviceBuffer<f32>) -> R<Vec<OutTensor>> {
+        let (t, hk, h) = (w.t, w.heads, w.p.heads);
+        let o = bf16_out(&self.dev.download(o)?);
+        let lse = self.dev.download(lse)?;
+        Ok(vec![
+            OutTensor { name: "o".into(), row_len: h * V4_D, data: strip(&o, t, hk, h, V4_D) },
+            OutTensor { name: "lse".into(), row_len: h, data: strip(&lse, t, hk, h, 1) },
+        ])
+    }
+
+    fn poisoned_out(&self, rows: usize, hk: usize) -> R<(DeviceBuffer<u16>, DeviceBuffer<f32>)> {
+        let mut o = self.dev.alloc_zeros::<u16>(rows * hk * V4_D)?;
+        let mut lse = self.dev.alloc_zeros::<f32>(rows * hk)?;
+        self.dev.fill_u16(&mut o, BF16_POISON)?;
+        self.dev.fill_u32(&mut lse, POISON_BITS)?;
+        Ok((o, lse))
+    }
+
+    fn run_v4_split(&mut self, w: &V4Workload, split_indptr: &[i32], n: usize, timing: &TimingOptions) -> R<RunOutput> {
+        let hk = w.heads;
+        let ms = self.module(&kernels::v4_split(hk))?;
+        let mm = self.module(&kernels::merge())?;
+        let (ks, km) = (ms.kernel("v4_split")?, mm.kernel("split_merge")?);
+        let inp = self.v4_inputs(w)?;
+        let plan = self.dev.upload(split_indptr)?;
+        let slots = split_indptr[w.t] as usize;
+        let part_o = self.dev.alloc_zeros::<f32>(slots.max(1) * hk * V4_D)?;
+        let part_lse = self.dev.alloc_zeros::<f32>(slots.max(1) * hk)?;
+        let (mut o, mut lse) = self.poisoned_out(w.t, hk)?;
+        let (rows, hki, sm) = (w.t as i32, hk as i32, w.p.sm_scale as f32);
+        let grid = (kernels::v4_groups(hk), w.t as u32, n as u32);
+        let smem = kernels::v4_smem(hk);
+        let dev = &self.dev;
+        let split = || -> R<()> {
+            // SAFETY: matches v4_split in ABI-kv4; partials hold split_indptr[T] slots.
+            unsafe {
+                dev.launch(ks)
+                    .arg(&inp.q)
+                    .arg(&inp.q_rope)
+                    .arg(&inp.pool)
+                    .arg(&inp.pool_rope)
+                    .arg(&inp.kv_indptr)
+                    .arg(&inp.kv_indices)
+                    .arg(&plan)
+                    .arg(&sm)
+                    .arg(&rows)
+                    .arg(&part_o)
+                    .arg(&part_lse)
+                    .launch(cfg(grid, 256, smem))
+            }
+        };
+        let mut merge = |o: &mut DeviceBuffer<u16>, lse: &mut DeviceBuffer<f32>| -> R<()> {
+            // SAFETY: matches split_merge in ABI-kmla: slots from the same split CSR.
+            unsafe { dev.launch(km).arg(&part_o).arg(&part_lse).arg(&plan).arg(&inp.sink).arg(&rows).arg(&hki).arg(o).arg(lse).launch(cfg(((w.t * hk) as u32, 1, 1), 128, 0)) }
+        };
+        split()?;
+        merge(&mut o, &mut lse)?;
+        self.dev.sync()?;
+        let tensors = self.v4_outputs(w, &o, &lse)?;
+        let timed = if timing.enabled {
+            let k = self.time_region(timing, || Ok(()), |_| split())?;
+            let v = self.time_region(timing, || Ok(()), |_| split().and_then(|_| merge(&mut o, &mut lse)))?;
+            Some(samples(k.ms, v.ms, v.clock))
+        } else {
+            None
+        };
+        Ok(RunOutput { tensors, samples: timed, notes: self.take_notes() })
+    }
+
+    fn run_hca(&mut self, w: &V4Workload, parts: usize, timing: &TimingOptions) -> R<RunOutput> {
+        let hk = w.heads;
+        let m = self.module(&kernels::hca_persist(hk))?;
+        let k = m.kernel("hca_persist")?;
+        let inp = self.v4_inputs(w)?;
+        // The workspace: allocated once, before any launch; counters zero at rest.
+        let o_acc = self.dev.alloc_zeros::<f32>(2 * parts * hk * V4_D)?;
+        let lse_acc = self.dev.alloc_zeros::<f32>(2 * parts * hk)?;
+        let mut counters = self.dev.alloc_zeros::<i32>(w.t.max(1))?;
+        let (mut o, mut lse) = self.poisoned_out(w.t, hk)?;
+        let (n_rows, pi, sm) = (w.p.rows as i32, parts as i32, w.p.sm_scale as f32);
+        let grid = (kernels::v4_groups(hk), parts as u32, 1);
+        let smem = kernels::v4_smem(hk);
+        let dev = &self.dev;
+        let mut launch = |counters: &mut DeviceBuffer<i32>| -> R<()> {
+            // SAFETY: matches hca_persist in ABI-kv4; the workspace holds 2P slots
+            // and a counter per row.
+            unsafe {
+                dev.launch(k)
+                    .arg(&inp.q)
+                    .arg(&inp.q_rope)
+                    .arg(&inp.pool)
+                    .arg(&inp.pool_rope)
+                    .arg(&inp.kv_indptr)
+                    .arg(&inp.kv_indices)
+                    .arg(&inp.sink)
+                    .arg(&sm)
+                    .arg(&n_rows)
+                    .arg(&pi)
+                    .arg(&o_acc)
+                    .arg(&lse_acc)
+                    .arg(counters)
+                    .arg(&mut o)
+                    .arg(&mut lse)
+                    .launch(cfg(grid, 256, smem))
+            }
+        };
+        launch(&mut counters)?;
+        self.dev.sync()?;
+        let left = self.dev.download(&counters)?.iter().filter(|&&c| c != 0).count();
+        if left > 0 {
+            return Err(BackendError::Failed(format!("hca_persist left {left} row counters non-zero; the last finisher must reset them")));
+        }
+        let tensors = self.v4_outputs(w, &o, &lse)?;
+        let timed = if timing.enabled {
+            let s = self.time_region(timing, || Ok(()), |_| launch(&mut counters))?;
+            Some(samples(s.ms.clone(), s.ms, s.clock))
+        } else {
+            None
+        };
+        Ok(RunOutput { tensors, samples: timed, notes: self.take_notes() })
+    }
+
+    fn run_split_merge(&mut self, w: &V4Workload, s: &SplitMergeInputs, timing: &TimingOptions) -> R<RunOutput> {
+        let m = self.module(&kernels::merge())?;
+        let k = m.kernel("split_merge")?;
+        let (rows, h, d) = (s.rows.len(), s.heads, V4_D);
+        let indptr: Vec<i32> = (0..=rows).map(|i| (i * s.n) as i32).collect();
+        let (po, pl, ip, sink) = (self.dev.upload(&s.o)?, self.dev.upload(&s.lse)?, self.dev.upload(&indptr)?, self.dev.upload(&s.sink)?);
+        let (mut o, mut lse) = self.poisoned_out(rows, h)?;
+        let (ri, hi) = (rows as i32, h as i32);
+        let dev = &self.dev;
+        let mut launch = || -> R<()> {
+            // SAFETY: matches split_merge in ABI-kmla: rows*n slots of [H, 512].
+            unsafe { dev.launch(k).arg(&po).arg(&pl).arg(&ip).arg(&sink).arg(&ri).arg(&hi).arg(&mut o).arg(&mut lse).launch(cfg(((rows * h) as u32, 1, 1), 128, 0)) }
+        };
+        launch()?;
+        let timed = if timing.enabled {
+            let t = self.time_region(timing, || Ok(()), |_| launch())?;
+            Some(samples(t.ms.clone(), t.ms, t.clock))
+        } else {
+            None
+        };
+        // Scatter the compact rows back to their row ids, like the other V4 outputs.
+        let oc = bf16_out(&self.dev.download(&o)?);
+        let lc = self.dev.download(&lse)?;
+        let mut of = vec![f32::from_bits(POISON_BITS); w.t * h * d];
+        let mut lf = vec![f32::from_bits(POISON_BITS); w.t * h];
+        for (k, &i) in s.rows.iter().enumerate() {
+            of[i * h * d..(i + 1) * h * d].copy_from_slice(&oc[k * h * d..(k + 1) * h * d]);
+            lf[i * h..(i + 1) * h].copy_from_slice(&lc[k * h..(k + 1) * h]);
+        }
+        let tensors = vec![OutTensor { name: "o".into(), row_len: h * d, data: of }, OutTensor { name: "lse".into(), row_len: h, data: lf }];
+        Ok(RunOutput { tensors, samples: timed, notes: self.take_notes() })
+    }
+
+    /// Dispatches one variant run.
+    pub(super) fn run_request(&mut self, req: &RunRequest) -> R<RunOutput> {
+        match (req.workload, req.plan) {
+            (Workload::Mla(w), VariantPlan::Ps1 { kernel_heads, ranks }) => self.run_ps1(w, *kernel_heads, ranks, req.timing),
+            (Workload::Mla(w), VariantPlan::Page64 { kernel_heads, splits }) => self.run_page64(w, *kernel_heads, splits, req.timing),
+            (Workload::Mla(_), VariantPlan::DcpCombine(c)) => self.run_combine(c, req.timing),
+            (Workload::V4(w), VariantPlan::V4Split(s)) => self.run_v4_split(w, &s.split_indptr, s.n, req.timing),
+            (Workload::V4(w), VariantPlan::HcaPersist { partitions, .. }) => self.run_hca(w, *partitions, req.timing),
+            (Workload::V4(w), VariantPlan::SplitMerge(s)) => self.run_split_merge(w, s, req.timing),
+            _ => Err(BackendError::Unsupported("plan does not match the workload family".into())),
+        }
+    }
+}
+
+#[allow(dead_code)]
+fn _elems_is_used(e: &Elems) -> usize {
+    e.len()
+}

@@ -1,0 +1,252 @@
+//! Timing a region of device work with events (SPEC §5): warm-up first, at
+//! least `min_samples` and `min_time_ms` measured, cold L2 by default, and
+//! an optional graph-replay mode. Returns raw samples; statistics live in
+//! `crate::stats`.
+
+use std::time::{Duration, Instant};
+
+use cudarc::driver::LaunchConfig;
+
+use super::device::{CudaDevice, DeviceBuffer, Kernel};
+use crate::backend::{BackendError, TimingOptions};
+
+/// Reads a scratch buffer of twice the L2 between samples (outside the timed
+/// region), so each sample starts with none of its inputs in L2. Reading
+/// leaves clean lines; a memset would leave dirty ones that the timed kernel
+/// would pay to write back.
+pub struct L2Flush {
+    buf: DeviceBuffer<u32>,
+    sink: DeviceBuffer<u32>,
+    words16: u64,
+    grid: u32,
+}
+
+impl L2Flush {
+    /// `kernel` is probe.cu's `mlab_l2_flush`.
+    pub fn new(dev: &CudaDevice, kernel: &Kernel) -> Result<Self, BackendError> {
+        let bytes = (2 * dev.props().l2_bytes).max(1 << 20).next_multiple_of(16);
+        let grid =
+            (dev.props().sm_count as u32 * kernel.occupancy(256, 0).unwrap_or(4).max(1)).max(1);
+        Ok(L2Flush {
+            buf: dev.alloc_zeros::<u32>(bytes / 4)?,
+            sink: dev.alloc_zeros::<u32>(1)?,
+            words16: (bytes / 16) as u64,
+            grid,
+        })
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.words16 as usize * 16
+    }
+
+    /// Queues the flush on the device's stream.
+    pub fn run(&self, dev: &CudaDevice, kernel: &Kernel) -> Result<(), BackendError> {
+        // The buffer is zeros, so the XOR of its words is 0 and never this.
+        let magic = 1u32;
+        let cfg = LaunchConfig {
+            grid_dim: (self.grid, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: mlab_l2_flush(const uint4*, u64 n, unsigned magic, unsigned*
+        // sink): buf holds n 16-byte words, sink one word.
+        unsafe {
+            dev.launch(kernel)
+                .arg(&self.buf)
+                .arg(&self.words16)
+                .arg(&magic)
+                .arg(&self.sink)
+                .launch(cfg)
+        }
+    }
+}
+
+/// How each sample started cold (or did not).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cold {
+    /// The scratch-buffer flush ran before each sample.
+    Flushed,
+    /// The caller rotates input copies through the launch index.
+    CallerRotates,
+    /// `cold_l2` was off: warm-L2 numbers.
+    Warm,
+}
+
+/// Raw samples of one timed region.
+#[derive(Clone, Debug)]
+pub struct RegionSamples {
+    /// Milliseconds per launch of the region.
+    pub ms: Vec<f64>,
+    /// `cuda-events` or `cuda-graph`.
+    pub clock: &'static str,
+    /// Launches of the region behind each sample (1 with events).
+    pub launches_per_sample: usize,
+    pub cold: Cold,
+}
+
+/// Samples taken while `min_time_ms` is still unmet stop at `max_samples`
+/// or `max_wall` (`min_samples` is always honoured).
+#[derive(Clone, Debug)]
+pub struct Timer {
+    /// Region launches captured per graph in graph mode.
+    pub graph_launches: usize,
+    pub max_samples: usize,
+    pub max_wall: Duration,
+    /// GPU busy-wait queued before each sample (see [`Aids::spin`]).
+    pub queue_ahead_ns: u64,
+}
+
+impl Default for Timer {
+    fn default() -> Self {
+        Timer {
+            graph_launches: 20,
+            max_samples: 10_000,
+            max_wall: Duration::from_secs(10),
+            queue_ahead_ns: 50_000,
+        }
+    }
+}
+
+/// Device work the timer queues outside the timed region.
+#[derive(Clone, Copy, Default)]
+pub struct Aids<'a> {
+    /// The L2 flush and probe.cu's `mlab_l2_flush`.
+    pub flush: Option<(&'a L2Flush, &'a Kernel)>,
+    /// probe.cu's `mlab_spin`. Queued just before the start event, it keeps
+    /// the GPU busy while the host enqueues the region, so the host's launch
+    /// latency (about 3 us per sample on the H200 machine) is not timed.
+    pub spin: Option<&'a Kernel>,
+}
+
+impl Timer {
+    /// Times `launch(i)`, which queues one run of the region (`i` counts
+    /// launches from 0 so callers can rotate input copies). `between` runs
+    /// before each sample, outside the timed region (re-poison outputs, reset
+    /// counters). With `opts.cold_l2` and a flush aid, the L2 is flushed before
+    /// each sample; without one the caller is trusted to rotate inputs.
+    ///
+    /// Graph mode (`opts.graph`) captures `graph_launches` calls of `launch`
+    /// into one graph and times its replays: a sample is one replay divided
+    /// by the launches in it; only the first launch of a replay follows the
+    /// flush, later ones are cold only if the caller rotates inputs.
+    pub fn time_region(
+        &self,
+        dev: &CudaDevice,
+        opts: &TimingOptions,
+        aids: Aids<'_>,
+        mut between: impl FnMut() -> Result<(), BackendError>,
+        mut launch: impl FnMut(usize) -> Result<(), BackendError>,
+    ) -> Result<RegionSamples, BackendError> {
+        let cold = match (opts.cold_l2, aids.flush.is_some()) {
+            (false, _) => Cold::Warm,
+            (true, true) => Cold::Flushed,
+            (true, false) => Cold::CallerRotates,
+        };
+        let flush = if opts.cold_l2 { aids.flush } else { None };
+        let before_sample = || -> Result<(), BackendError> {
+            if let Some((f, k)) = flush {
+                f.run(dev, k)?;
+            }
+            if let Some(k) = aids.spin {
+                queue_ahead(dev, k, self.queue_ahead_ns)?;
+            }
+            Ok(())
+        };
+        let (start, end) = (dev.event()?, dev.event()?);
+        let mut ms = Vec::new();
+        let t0 = Instant::now();
+        let mut measured = 0.0;
+        let more = |n: usize, measured: f64| {
+            n < opts.min_samples.max(1)
+                || (measured < opts.min_time_ms
+                    && n < self.max_samples
+                    && t0.elapsed() < self.max_wall)
+        };
+        if opts.graph {
+            let n = self.graph_launches.max(1);
+            let graph = dev.capture(|| (0..n).try_for_each(&mut launch))?;
+            for _ in 0..opts.warmup {
+                between()?;
+                dev.replay(&graph)?;
+            }
+            dev.sync()?;
+            while more(ms.len(), measured) {
+                between()?;
+                before_sample()?;
+                dev.record(&start)?;
+                dev.replay(&graph)?;
+                dev.record(&end)?;
+                let t = dev.elapsed_ms(&start, &end)?;
+                measured += t;
+                ms.push(t / n as f64);
+            }
+            dev.sync()?;
+            return Ok(RegionSamples {
+                ms,
+                clock: "cuda-graph",
+                launches_per_sample: n,
+                cold,
+            });
+        }
+        let mut i = 0;
+        for _ in 0..opts.warmup {
+            between()?;
+            launch(i)?;
+            i += 1;
+        }
+        dev.sync()?;
+        while more(ms.len(), measured) {
+            between()?;
+            before_sample()?;
+            dev.record(&start)?;
+            launch(i)?;
+            dev.record(&end)?;
+            i += 1;
+            let t = dev.elapsed_ms(&start, &end)?;
+            measured += t;
+            ms.push(t);
+        }
+        dev.sync()?;
+        Ok(RegionSamples {
+            ms,
+            clock: "cuda-events",
+            launches_per_sample: 1,
+            cold,
+        })
+    }
+}
+
+/// Queues probe.cu's `mlab_spin` for `ns` nanoseconds: work queued after it
+/// is enqueued by the host before the GPU reaches it.
+pub fn queue_ahead(dev: &CudaDevice, spin: &Kernel, ns: u64) -> Result<(), BackendError> {
+    let cfg = LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (1, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: mlab_spin(u64 ns) reads its argument only.
+    unsafe { dev.launch(spin).arg(&ns).launch(cfg) }
+}
+
+/// Median of a non-empty sample (for the probes; reports use `crate::stats`).
+pub(crate) fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    let n = s.len();
+    if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        0.5 * (s[n / 2 - 1] + s[n / 2])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_of_odd_and_even_samples() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
+    }
+}

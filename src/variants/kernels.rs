@@ -1,0 +1,113 @@
+//! Which kernel configuration each variant launches, as data: the file, its
+//! `-D` defines and entry points, plus the launch facts the ABI fixes
+//! (block size, dynamic shared memory). `kernels --check` compiles `all()`.
+
+use crate::backend::cuda::KernelSpec;
+
+/// cp.async ring depth the MLA kernels are built with (ABI default).
+pub const MLA_STAGES: usize = 4;
+
+/// 16-row m-tiles per pass: 1 for the 16-row decode hot path, else 2 (ABI).
+pub fn mla_mt(kernel_heads: usize, s_q: usize) -> usize {
+    if kernel_heads * s_q == 16 {
+        1
+    } else {
+        2
+    }
+}
+
+/// Warps per CTA of `ps1_fwd` / `page64_fwd` at the default `WARPS`.
+pub fn mla_warps(mt: usize) -> usize {
+    if mt == 1 {
+        16
+    } else {
+        8
+    }
+}
+
+/// Dynamic shared memory of `ps1_fwd` / `page64_fwd` (ABI-kmla formula).
+pub fn mla_smem(fp8: bool, mt: usize) -> u32 {
+    let (eb, bn) = if fp8 { (1, 64) } else { (2, 32) };
+    let rows = 16 * mt;
+    (MLA_STAGES * bn * (576 * eb + 16) + 4 * rows * (bn + 8) * 4 + rows * (bn + 8) * 2 + rows * 8) as u32
+}
+
+fn mla(file: &'static str, entries: &[&'static str], hk: usize, fp8: bool, mt: usize) -> KernelSpec {
+    KernelSpec::new(file, entries).define("HK", hk).define("KV_FP8", fp8 as u8).define("MT", mt)
+}
+
+pub fn ps1(hk: usize, fp8: bool, mt: usize) -> KernelSpec {
+    mla("ps1.cu", &["ps1_fwd", "ps1_reduce"], hk, fp8, mt)
+}
+
+pub fn page64(hk: usize, fp8: bool, mt: usize) -> KernelSpec {
+    mla("page64.cu", &["page64_fwd", "page64_merge"], hk, fp8, mt)
+}
+
+pub fn merge() -> KernelSpec {
+    KernelSpec::new("merge.cu", &["dcp_combine", "split_merge"])
+}
+
+pub fn v4_split(hk: usize) -> KernelSpec {
+    KernelSpec::new("v4_split.cu", &["v4_split"]).define("V4_HEADS", hk)
+}
+
+pub fn hca_persist(hk: usize) -> KernelSpec {
+    KernelSpec::new("hca_persist.cu", &["hca_persist"]).define("V4_HEADS", hk)
+}
+
+/// Heads each V4 CTA handles, and the CTAs per row (ABI-kv4).
+pub fn v4_groups(hk: usize) -> u32 {
+    (hk / hk.min(64)) as u32
+}
+
+/// Dynamic shared memory of the V4 kernels (ABI-kv4 formula).
+pub fn v4_smem(hk: usize) -> u32 {
+    let hg = hk.min(64);
+    let nsl = 8 / (hg / hg.min(32));
+    (hg * 1040 + 2 * 32 * 1040 + 2 * 32 * 592 + nsl * hg * 40 * 4 + hg * 80 + hg * 12 + 1024) as u32
+}
+
+/// Every configuration a run can launch; all must compile for sm_90a.
+pub fn all() -> Vec<KernelSpec> {
+    let mut v = Vec::new();
+    for hk in (16..=128).step_by(16) {
+        for fp8 in [false, true] {
+            for mt in [1, 2] {
+                v.push(ps1(hk, fp8, mt));
+                v.push(page64(hk, fp8, mt));
+            }
+        }
+    }
+    v.push(merge());
+    for hk in [16, 32, 64, 128] {
+        v.push(v4_split(hk));
+    }
+    v.push(hca_persist(128));
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn smem_matches_the_abi_tables() {
+        assert_eq!(mla_smem(false, 1), 161_152);
+        assert_eq!(mla_smem(false, 2), 172_800);
+        assert_eq!(mla_smem(true, 1), 172_416);
+        assert_eq!(mla_smem(true, 2), 193_280);
+        assert_eq!([16, 32, 64, 128].map(v4_smem), [144_064, 182_656, 218_880, 218_880]);
+        assert_eq!([16, 32, 64, 128].map(v4_groups), [1, 1, 1, 2]);
+    }
+
+    #[test]
+    fn every_variant_kernel_is_listed_once() {
+        let all = all();
+        let mut labels: Vec<String> = all.iter().map(|s| s.label()).collect();
+        labels.sort();
+        labels.dedup();
+        assert_eq!(labels.len(), all.len());
+        assert_eq!(all.len(), 8 * 2 * 2 * 2 + 1 + 4 + 1);
+    }
+}
