@@ -209,10 +209,7 @@ mod smoke {
                 cold_l2: true,
                 ..base.clone()
             },
-            TimingOptions {
-                graph: true,
-                ..base
-            },
+            TimingOptions { graph: true, ..base },
         ];
         for (i, o) in modes.iter().enumerate() {
             let r = be.time_region(o, || Ok(()), &mut launch)?;
@@ -244,14 +241,7 @@ mod smoke {
         let (rm, rn) = warm_cold_graph(be, |_| {
             // SAFETY: mlab_l2_flush(buf, n, magic, sink): src holds n 16-byte
             // words of zeros, so with magic 1 nothing is stored to sink.
-            unsafe {
-                d.launch(read)
-                    .arg(&src)
-                    .arg(&n16)
-                    .arg(&kr)
-                    .arg(&mut sink)
-                    .launch(cfg)
-            }
+            unsafe { d.launch(read).arg(&src).arg(&n16).arg(&kr).arg(&mut sink).launch(cfg) }
         })?;
         let copy = be.probe.copy();
         let (cm, cn) = warm_cold_graph(be, |_| {
@@ -288,10 +278,7 @@ mod smoke {
         let a = be.module(&probe::spec())?;
         let b = be.module(&probe::spec())?;
         let notes = be.take_notes();
-        Ok((
-            std::sync::Arc::ptr_eq(&a, &b) && notes.len() == 1,
-            notes.join("; "),
-        ))
+        Ok((std::sync::Arc::ptr_eq(&a, &b) && notes.len() == 1, notes.join("; ")))
     }
 
     fn fault(be: &CudaBackend) -> Result<(bool, String)> {

@@ -17,18 +17,30 @@ use crate::variants::{self, VariantId, VariantPlan, REGISTRY};
 use crate::workload::dcp;
 
 /// Loads scenarios and expands them into cases, filtered and grouped by data id.
-pub fn resolve_cases(paths: &[PathBuf], case_filter: &[String], variant_filter: &[VariantId]) -> Result<(Vec<Case>, Vec<String>), InputError> {
+pub fn resolve_cases(
+    paths: &[PathBuf],
+    case_filter: &[String],
+    variant_filter: &[VariantId],
+) -> Result<(Vec<Case>, Vec<String>), InputError> {
     let mut cases = Vec::new();
     let mut notes = Vec::new();
     for p in paths {
         let sc = scenario::load(p)?;
         let ex = scenario::expand(&sc);
         if !ex.dropped.is_empty() {
-            notes.push(format!("{}: skipped {} impossible combinations (e.g. {})", p.display(), ex.dropped.len(), ex.dropped[0]));
+            notes.push(format!(
+                "{}: skipped {} impossible combinations (e.g. {})",
+                p.display(),
+                ex.dropped.len(),
+                ex.dropped[0]
+            ));
         }
         cases.extend(ex.cases);
     }
-    cases.retain(|c| (case_filter.is_empty() || case_filter.iter().any(|f| c.id == *f || c.id.contains(f.as_str()))) && (variant_filter.is_empty() || variant_filter.contains(&c.variant)));
+    cases.retain(|c| {
+        (case_filter.is_empty() || case_filter.iter().any(|f| c.id == *f || c.id.contains(f.as_str())))
+            && (variant_filter.is_empty() || variant_filter.contains(&c.variant))
+    });
     if cases.is_empty() {
         return Err(InputError::Usage(
             "no case matches the given --case/--variant filters; `mlabench plan SCENARIO` lists every case id".into(),
@@ -44,7 +56,12 @@ pub fn resolve_cases(paths: &[PathBuf], case_filter: &[String], variant_filter: 
 }
 
 fn parse_variants(v: &[String]) -> Result<Vec<VariantId>, InputError> {
-    v.iter().map(|s| s.parse::<VariantId>().map_err(|e| InputError::Usage(format!("--variant: {e}")))).collect()
+    v.iter()
+        .map(|s| {
+            s.parse::<VariantId>()
+                .map_err(|e| InputError::Usage(format!("--variant: {e}")))
+        })
+        .collect()
 }
 
 fn default_scenarios(v: &[PathBuf]) -> Vec<PathBuf> {
@@ -86,8 +103,16 @@ pub fn run(args: &RunArgs) -> Result<u8> {
     for f in &args.force {
         repro_flags.push_str(&format!(" --force {f}"));
     }
-    let opts = RunOptions { check_rows: args.check_rows, timing, dump: args.dump.clone(), repro_flags };
-    let run_id = args.run_id.clone().unwrap_or_else(|| chrono::Utc::now().format("%Y%m%d-%H%M%S").to_string());
+    let opts = RunOptions {
+        check_rows: args.check_rows,
+        timing,
+        dump: args.dump.clone(),
+        repro_flags,
+    };
+    let run_id = args
+        .run_id
+        .clone()
+        .unwrap_or_else(|| chrono::Utc::now().format("%Y%m%d-%H%M%S").to_string());
     let meta = RunMeta {
         run_id,
         started: chrono::Utc::now().to_rfc3339(),
@@ -99,7 +124,8 @@ pub fn run(args: &RunArgs) -> Result<u8> {
         check_rows: args.check_rows,
         reference_gflops: None,
     };
-    let mut dir = RunDir::create(&args.out, meta).with_context(|| format!("creating the run directory under {}", args.out.display()))?;
+    let mut dir = RunDir::create(&args.out, meta)
+        .with_context(|| format!("creating the run directory under {}", args.out.display()))?;
     let mut caches = Caches::default();
     let mut lost: Option<String> = None;
     for case in &cases {
@@ -134,11 +160,19 @@ pub fn run(args: &RunArgs) -> Result<u8> {
     if !args.quiet {
         println!("{}", report::table::errors_table(rows, std::io::stdout().is_terminal()));
         if rows.iter().any(|r| !r.latency.is_empty()) {
-            println!("{}", report::table::latency_table(rows, std::io::stdout().is_terminal()));
+            println!(
+                "{}",
+                report::table::latency_table(rows, std::io::stdout().is_terminal())
+            );
         }
     }
     if let Some(g) = gflops {
-        println!("reference: {:.1} GFLOP/s (f64, {} threads), {:.1} s", g, rayon::current_num_threads(), caches.ref_secs);
+        println!(
+            "reference: {:.1} GFLOP/s (f64, {} threads), {:.1} s",
+            g,
+            rayon::current_num_threads(),
+            caches.ref_secs
+        );
     }
     println!("{}", report::table::summary_line(rows));
     println!("results: {}", dir.path().display());
@@ -157,11 +191,22 @@ fn status_word(s: Status) -> &'static str {
 pub fn list(args: &ListArgs) -> Result<u8> {
     println!("Variants:");
     for v in REGISTRY {
-        println!("  {:<12} {:<4} kernels/{:<15} {}", v.name, format!("{:?}", v.family).to_lowercase(), v.kernel_file, v.contract);
+        println!(
+            "  {:<12} {:<4} kernels/{:<15} {}",
+            v.name,
+            format!("{:?}", v.family).to_lowercase(),
+            v.kernel_file,
+            v.contract
+        );
     }
     println!("\nScenarios in {}:", args.scenarios_dir.display());
     let mut files: Vec<PathBuf> = std::fs::read_dir(&args.scenarios_dir)
-        .map_err(|e| InputError::Usage(format!("cannot read {}: {e}; pass --scenarios-dir", args.scenarios_dir.display())))?
+        .map_err(|e| {
+            InputError::Usage(format!(
+                "cannot read {}: {e}; pass --scenarios-dir",
+                args.scenarios_dir.display()
+            ))
+        })?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().map(|x| x == "toml").unwrap_or(false))
         .collect();
@@ -192,7 +237,11 @@ pub fn plan(args: &PlanArgs) -> Result<u8> {
             last_data = did;
         }
         let d = variants::decide(case);
-        print!("  {:<12} {:<26}", case.variant.to_string(), case.id.trim_start_matches(&last_data));
+        print!(
+            "  {:<12} {:<26}",
+            case.variant.to_string(),
+            case.id.trim_start_matches(&last_data)
+        );
         if let Some(why) = &d.skip {
             println!(" skip: {why}");
             continue;
@@ -213,16 +262,41 @@ pub fn plan(args: &PlanArgs) -> Result<u8> {
 fn describe_data(case: &Case) {
     match &case.params {
         CaseParams::Mla(p) => {
-            println!("  batch {} s_q {} heads {}x{}={} {} ctx {:?}", p.batch, p.s_q, p.heads_local, p.dcp_world, p.heads(), p.dtype, p.ctx);
+            println!(
+                "  batch {} s_q {} heads {}x{}={} {} ctx {:?}",
+                p.batch,
+                p.s_q,
+                p.heads_local,
+                p.dcp_world,
+                p.heads(),
+                p.dtype,
+                p.ctx
+            );
             if p.dcp_world > 1 {
                 for r in 0..p.dcp_world {
-                    let l: Vec<usize> = p.ctx.iter().map(|&l| dcp::local_len(r, l, p.dcp_world, p.interleave)).collect();
+                    let l: Vec<usize> = p
+                        .ctx
+                        .iter()
+                        .map(|&l| dcp::local_len(r, l, p.dcp_world, p.interleave))
+                        .collect();
                     println!("  rank {r} (S={}) local lengths {:?}", p.interleave, l);
                 }
             }
-            let g = crate::plan::gate::GateInput { profile: case.target, w: p.dcp_world, s_q: p.s_q, heads: p.heads(), dtype: p.dtype, page_size: p.page_size };
+            let g = crate::plan::gate::GateInput {
+                profile: case.target,
+                w: p.dcp_world,
+                s_q: p.s_q,
+                heads: p.heads(),
+                dtype: p.dtype,
+                page_size: p.page_size,
+            };
             let (pick, _) = crate::plan::gate::mla_pick(&g);
-            println!("  dispatch on {}: {}", case.target, pick.map(|v| v.to_string()).unwrap_or_else(|| "unsupported (no eligible kernel)".into()));
+            println!(
+                "  dispatch on {}: {}",
+                case.target,
+                pick.map(|v| v.to_string())
+                    .unwrap_or_else(|| "unsupported (no eligible kernel)".into())
+            );
         }
         CaseParams::V4(p) => {
             let lens: Vec<usize> = p.positions.iter().map(|&pos| variants::v4_row_len(p, pos)).collect();

@@ -4,7 +4,11 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 
 #[derive(Parser, Debug)]
-#[command(name = "mlabench", version, about = "Validate and benchmark MLA decode attention kernels against an f64 reference")]
+#[command(
+    name = "mlabench",
+    version,
+    about = "Validate and benchmark MLA decode attention kernels against an f64 reference"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub cmd: Command,

@@ -20,7 +20,11 @@ fn main() -> ExitCode {
     match run() {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            let kind = if e.downcast_ref::<InputError>().is_some() { "error" } else { "error (environment or internal)" };
+            let kind = if e.downcast_ref::<InputError>().is_some() {
+                "error"
+            } else {
+                "error (environment or internal)"
+            };
             eprintln!("mlabench: {kind}: {e:#}");
             ExitCode::from(exit::BAD_INPUT)
         }

@@ -82,17 +82,8 @@ fn same_class(o: f64, r: f64) -> bool {
 ///
 /// # Panics
 /// If the lengths differ.
-pub fn compare(
-    out: &[f32],
-    reference: &[f64],
-    tol: &Tolerances,
-    poison: Option<u32>,
-) -> ErrorMetrics {
-    assert_eq!(
-        out.len(),
-        reference.len(),
-        "output and reference lengths differ"
-    );
+pub fn compare(out: &[f32], reference: &[f64], tol: &Tolerances, poison: Option<u32>) -> ErrorMetrics {
+    assert_eq!(out.len(), reference.len(), "output and reference lengths differ");
     let mut m = ErrorMetrics {
         n: out.len(),
         ..ErrorMetrics::default()
@@ -147,11 +138,7 @@ pub fn compare(
     } else {
         0.0
     };
-    m.mismatch = if m.n > 0 {
-        mismatched as f64 / m.n as f64
-    } else {
-        0.0
-    };
+    m.mismatch = if m.n > 0 { mismatched as f64 / m.n as f64 } else { 0.0 };
     m
 }
 
@@ -227,23 +214,14 @@ pub fn judge_lse(m: &ErrorMetrics, tol: &Tolerances) -> Result<(), String> {
 /// values of `o`, laid out `[lse_ref.len(), d]`) must be exactly zero.
 pub fn empty_rows_zero(o: &[f32], lse_ref: &[f64], d: usize) -> Result<(), String> {
     if o.len() != lse_ref.len() * d {
-        return Err(format!(
-            "o has {} values for {} rows of {d}",
-            o.len(),
-            lse_ref.len()
-        ));
+        return Err(format!("o has {} values for {} rows of {d}", o.len(), lse_ref.len()));
     }
     let empty: Vec<usize> = (0..lse_ref.len())
         .filter(|&i| lse_ref[i] == f64::NEG_INFINITY)
         .collect();
     let bad: Vec<(usize, usize)> = empty
         .iter()
-        .filter_map(|&i| {
-            o[i * d..(i + 1) * d]
-                .iter()
-                .position(|&x| x != 0.0)
-                .map(|k| (i, k))
-        })
+        .filter_map(|&i| o[i * d..(i + 1) * d].iter().position(|&x| x != 0.0).map(|k| (i, k)))
         .collect();
     match bad.first() {
         None => Ok(()),
@@ -315,26 +293,13 @@ mod tests {
     #[test]
     fn nonfinite_positions_must_match_exactly() {
         let r = [1.0, NAN, -INF, INF, 2.0];
-        let m = compare(
-            &[1.0, f32::NAN, f32::NEG_INFINITY, f32::INFINITY, 2.0],
-            &r,
-            &T,
-            None,
-        );
+        let m = compare(&[1.0, f32::NAN, f32::NEG_INFINITY, f32::INFINITY, 2.0], &r, &T, None);
         assert_eq!(m.nonfinite_mismatch, 0);
         assert!(judge_out(&m, &T).is_ok());
         // NaN where finite, +inf where -inf, finite where NaN.
-        let m = compare(
-            &[f32::NAN, 0.0, f32::INFINITY, f32::INFINITY, 2.0],
-            &r,
-            &T,
-            None,
-        );
+        let m = compare(&[f32::NAN, 0.0, f32::INFINITY, f32::INFINITY, 2.0], &r, &T, None);
         assert_eq!(m.nonfinite_mismatch, 3);
-        assert_eq!(
-            m.worst_index, 0,
-            "the first non-finite mismatch is the worst element"
-        );
+        assert_eq!(m.worst_index, 0, "the first non-finite mismatch is the worst element");
         assert!(m.worst_out.is_nan());
         let e = judge_out(&m, &T).unwrap_err();
         assert!(e.contains("3 of 5") && e.contains("[0]"), "{e}");
@@ -342,12 +307,7 @@ mod tests {
 
     #[test]
     fn poison_counts_as_unwritten_and_nothing_else() {
-        let m = compare(
-            &[poison(), 1.0, f32::NAN],
-            &[5.0, 1.0, 7.0],
-            &T,
-            Some(POISON_BITS),
-        );
+        let m = compare(&[poison(), 1.0, f32::NAN], &[5.0, 1.0, 7.0], &T, Some(POISON_BITS));
         assert_eq!(m.unwritten, 1);
         assert_eq!(m.nonfinite_mismatch, 1, "an arithmetic NaN is not poison");
         let m = compare(&[poison(), 1.0], &[5.0, 1.0], &T, Some(POISON_BITS));
@@ -394,14 +354,7 @@ mod tests {
         assert!(e.contains("[3]: out 4 vs ref 3"), "{e}");
         let m = compare(&[1.0, 2.0, 3.0, 3.05], &[1.0, 2.0, 3.0, 3.0], &T, None);
         assert_eq!(m.mismatch, 0.0, "0.05 is within atol");
-        assert!(judge_out(
-            &m,
-            &Tolerances {
-                cos_diff: 1e-3,
-                ..T
-            }
-        )
-        .is_ok());
+        assert!(judge_out(&m, &Tolerances { cos_diff: 1e-3, ..T }).is_ok());
     }
 
     #[test]
@@ -410,14 +363,7 @@ mod tests {
         assert_eq!(m.mismatch, 0.25);
         let tol = Tolerances { cos_diff: 1.0, ..T };
         assert!(judge_out(&m, &tol).is_ok(), "mismatch == threshold passes");
-        assert!(judge_out(
-            &m,
-            &Tolerances {
-                mismatch: 0.2,
-                ..tol
-            }
-        )
-        .is_err());
+        assert!(judge_out(&m, &Tolerances { mismatch: 0.2, ..tol }).is_err());
     }
 
     #[test]
@@ -439,15 +385,8 @@ mod tests {
         let lse = [1.0, -INF, -INF];
         assert!(empty_rows_zero(&[9.0, 9.0, 0.0, -0.0, 0.0, 0.0], &lse, 2).is_ok());
         let e = empty_rows_zero(&[9.0, 9.0, 0.0, 0.0, 0.0, 1e-30], &lse, 2).unwrap_err();
-        assert!(
-            e.contains("1 of 2") && e.contains("pair 2, element 1"),
-            "{e}"
-        );
-        assert!(
-            empty_rows_zero(&[0.0, f32::NAN, 0.0, 0.0, 0.0, 0.0], &[-INF, 0.0, 0.0], 2).is_err()
-        );
-        assert!(empty_rows_zero(&[0.0; 5], &lse, 2)
-            .unwrap_err()
-            .contains("5 values"));
+        assert!(e.contains("1 of 2") && e.contains("pair 2, element 1"), "{e}");
+        assert!(empty_rows_zero(&[0.0, f32::NAN, 0.0, 0.0, 0.0, 0.0], &[-INF, 0.0, 0.0], 2).is_err());
+        assert!(empty_rows_zero(&[0.0; 5], &lse, 2).unwrap_err().contains("5 values"));
     }
 }

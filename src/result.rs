@@ -79,12 +79,17 @@ pub struct Row {
 impl Row {
     /// The worst kernel-level check, for one-line summaries.
     pub fn worst(&self) -> Option<&Check> {
-        self.checks
-            .iter()
-            .filter(|c| c.level == "kernel")
-            .max_by(|a, b| a.metrics.cos_diff.partial_cmp(&b.metrics.cos_diff).unwrap_or(std::cmp::Ordering::Equal))
+        self.checks.iter().filter(|c| c.level == "kernel").max_by(|a, b| {
+            a.metrics
+                .cos_diff
+                .partial_cmp(&b.metrics.cos_diff)
+                .unwrap_or(std::cmp::Ordering::Equal)
+        })
     }
     pub fn median_ms(&self, region: &str) -> Option<f64> {
-        self.latency.iter().find(|l| l.region == region).map(|l| l.summary.median)
+        self.latency
+            .iter()
+            .find(|l| l.region == region)
+            .map(|l| l.summary.median)
     }
 }

@@ -58,20 +58,42 @@ fn total_rows(case: &Case) -> usize {
     }
 }
 
-fn build_refs(case: &Case, wl: &Workload, check_rows: Option<usize>) -> RefSet {
+fn build_refs(case: &Case, wl: &Workload, check_rows: Option<usize>) -> Result<RefSet> {
     let t0 = Instant::now();
     let rows = reference::sample_rows(total_rows(case), check_rows, case.seed);
     let (ranks, full, unq) = match wl {
         Workload::Mla(w) => {
-            let ranks: Vec<RefOut> = (0..w.p.dcp_world).map(|r| reference::mla::rank(w, r, &rows, Inputs::Dequantized)).collect();
-            let full = reference::mla::full(w, &rows, Inputs::Dequantized);
-            let unq = (w.p.dtype == Dtype::Fp8).then(|| reference::mla::full(w, &rows, Inputs::Unquantized));
+            let ranks = (0..w.p.dcp_world)
+                .map(|r| reference::mla::rank(w, r, &rows, Inputs::Dequantized))
+                .collect::<Result<Vec<RefOut>, _>>()?;
+            // With one rank, the rank reference is the unsharded attention.
+            let full = if w.p.dcp_world == 1 {
+                ranks[0].clone()
+            } else {
+                reference::mla::full(w, &rows, Inputs::Dequantized)?
+            };
+            let unq = match w.p.dtype {
+                Dtype::Fp8 => Some(reference::mla::full(w, &rows, Inputs::Unquantized)?),
+                Dtype::Bf16 => None,
+            };
             (ranks, full, unq)
         }
-        Workload::V4(w) => (vec![], reference::v4::attend(w, &rows, Inputs::Dequantized), Some(reference::v4::attend(w, &rows, Inputs::Unquantized))),
+        Workload::V4(w) => (
+            vec![],
+            reference::v4::attend(w, &rows, Inputs::Dequantized),
+            Some(reference::v4::attend(w, &rows, Inputs::Unquantized)),
+        ),
     };
     let flops = ranks.iter().map(|r| r.flops).sum::<f64>() + full.flops + unq.as_ref().map(|u| u.flops).unwrap_or(0.0);
-    RefSet { data_id: data_id(case), rows, ranks, full, unquantized: unq, flops, secs: t0.elapsed().as_secs_f64() }
+    Ok(RefSet {
+        data_id: data_id(case),
+        rows,
+        ranks,
+        full,
+        unquantized: unq,
+        flops,
+        secs: t0.elapsed().as_secs_f64(),
+    })
 }
 
 impl Caches {
@@ -83,7 +105,7 @@ impl Caches {
         }
         let wl = &self.workload.as_ref().expect("just built").1;
         if self.refs.as_ref().map(|r| r.data_id != data_id(case)).unwrap_or(true) {
-            let r = build_refs(case, wl, check_rows);
+            let r = build_refs(case, wl, check_rows)?;
             self.ref_flops += r.flops;
             self.ref_secs += r.secs;
             self.refs = Some(r);
@@ -103,8 +125,16 @@ fn combine_inputs(wl: &Workload, refs: &RefSet) -> CombineInputs {
         world: w.p.dcp_world,
         heads: w.heads(),
         rows: refs.rows.clone(),
-        o: refs.ranks.iter().flat_map(|r| r.o.iter().map(|&x| f32_to_bf16_bits(x))).collect(),
-        lse: refs.ranks.iter().flat_map(|r| r.lse.iter().map(|&x| x as f32)).collect(),
+        o: refs
+            .ranks
+            .iter()
+            .flat_map(|r| r.o.iter().map(|&x| f32_to_bf16_bits(x)))
+            .collect(),
+        lse: refs
+            .ranks
+            .iter()
+            .flat_map(|r| r.lse.iter().map(|&x| x as f32))
+            .collect(),
     }
 }
 
@@ -121,12 +151,23 @@ fn split_merge_inputs(case: &Case, wl: &Workload, refs: &RefSet) -> SplitMergeIn
     for k in 0..refs.rows.len() {
         for part in &parts {
             for hh in 0..h {
-                o.extend(part.o[(k * hk + hh) * d..(k * hk + hh + 1) * d].iter().map(|&x| x as f32));
+                o.extend(
+                    part.o[(k * hk + hh) * d..(k * hk + hh + 1) * d]
+                        .iter()
+                        .map(|&x| x as f32),
+                );
                 lse.push(part.lse[k * hk + hh] as f32);
             }
         }
     }
-    SplitMergeInputs { n, heads: h, rows: refs.rows.clone(), o, lse, sink: w.sink[..h].to_vec() }
+    SplitMergeInputs {
+        n,
+        heads: h,
+        rows: refs.rows.clone(),
+        o,
+        lse,
+        sink: w.sink[..h].to_vec(),
+    }
 }
 
 /// Rows of `t` at `rows` (compact layout when `compact`).
@@ -144,10 +185,20 @@ fn ref_heads(x: &[f64], rows: usize, hr: usize, h: usize, d: usize) -> Vec<f64> 
     if hr == h {
         return x.to_vec();
     }
-    (0..rows).flat_map(|i| x[i * hr * d..(i * hr + h) * d].iter().copied()).collect()
+    (0..rows)
+        .flat_map(|i| x[i * hr * d..(i * hr + h) * d].iter().copied())
+        .collect()
 }
 
-fn check_pair(name: &str, out: &[f32], o_ref: &[f64], lse_out: &[f32], lse_ref: &[f64], d: usize, tol: &Tolerances) -> Vec<Check> {
+fn check_pair(
+    name: &str,
+    out: &[f32],
+    o_ref: &[f64],
+    lse_out: &[f32],
+    lse_ref: &[f64],
+    d: usize,
+    tol: &Tolerances,
+) -> Vec<Check> {
     let mo = metrics::compare(out, o_ref, tol, Some(metrics::POISON_BITS));
     let ml = metrics::compare(lse_out, lse_ref, tol, Some(metrics::POISON_BITS));
     let mut o_why = metrics::judge_out(&mo, tol).err();
@@ -155,38 +206,71 @@ fn check_pair(name: &str, out: &[f32], o_ref: &[f64], lse_out: &[f32], lse_ref: 
         o_why = metrics::empty_rows_zero(out, lse_ref, d).err();
     }
     let l_why = metrics::judge_lse(&ml, tol).err();
-    let (oname, lname) = if name.is_empty() { ("o".to_string(), "lse".to_string()) } else { (format!("o.{name}"), format!("lse.{name}")) };
+    let (oname, lname) = if name.is_empty() {
+        ("o".to_string(), "lse".to_string())
+    } else {
+        (format!("o.{name}"), format!("lse.{name}"))
+    };
     vec![
-        Check { tensor: oname, level: "kernel".into(), pass: o_why.is_none(), why: o_why.unwrap_or_default(), metrics: mo },
-        Check { tensor: lname, level: "kernel".into(), pass: l_why.is_none(), why: l_why.unwrap_or_default(), metrics: ml },
+        Check {
+            tensor: oname,
+            level: "kernel".into(),
+            pass: o_why.is_none(),
+            why: o_why.unwrap_or_default(),
+            metrics: mo,
+        },
+        Check {
+            tensor: lname,
+            level: "kernel".into(),
+            pass: l_why.is_none(),
+            why: l_why.unwrap_or_default(),
+            metrics: ml,
+        },
     ]
 }
 
 fn find<'a>(out: &'a RunOutput, name: &str) -> Result<&'a OutTensor, String> {
-    out.tensors.iter().find(|t| t.name == name).ok_or_else(|| format!("backend returned no `{name}` tensor"))
+    out.tensors
+        .iter()
+        .find(|t| t.name == name)
+        .ok_or_else(|| format!("backend returned no `{name}` tensor"))
 }
 
 /// Compares a run's outputs with the references.
-fn checks(case: &Case, wl: &Workload, refs: &RefSet, out: &RunOutput) -> Result<Vec<Check>, String> {
+fn checks(
+    case: &Case,
+    wl: &Workload,
+    refs: &RefSet,
+    plan: &VariantPlan,
+    out: &RunOutput,
+) -> Result<Vec<Check>, String> {
     let tol = &case.tol;
     let rows = &refs.rows;
     let mut cs = Vec::new();
     match (wl, case.variant) {
         (Workload::Mla(w), VariantId::Ps1 | VariantId::Page64) => {
-            let (h, d) = (w.heads(), MLA_D_V);
+            let d = MLA_D_V;
             let mut rank_o = Vec::new();
             let mut rank_l = Vec::new();
             for r in 0..w.p.dcp_world {
                 let o = pick(find(out, &format!("o.r{r}"))?, rows, false);
                 let l = pick(find(out, &format!("lse.r{r}"))?, rows, false);
-                let name = if w.p.dcp_world == 1 { String::new() } else { format!("r{r}") };
+                let name = if w.p.dcp_world == 1 {
+                    String::new()
+                } else {
+                    format!("r{r}")
+                };
                 cs.extend(check_pair(&name, &o, &refs.ranks[r].o, &l, &refs.ranks[r].lse, d, tol));
                 rank_o.push(o.iter().map(|&x| x as f64).collect::<Vec<f64>>());
                 rank_l.push(l.iter().map(|&x| x as f64).collect::<Vec<f64>>());
             }
             if w.p.dcp_world > 1 {
                 // The kernel's rank outputs merged in f64 must equal the unsharded attention.
-                let parts: Vec<(&[f64], &[f64])> = rank_o.iter().zip(&rank_l).map(|(o, l)| (o.as_slice(), l.as_slice())).collect();
+                let parts: Vec<(&[f64], &[f64])> = rank_o
+                    .iter()
+                    .zip(&rank_l)
+                    .map(|(o, l)| (o.as_slice(), l.as_slice()))
+                    .collect();
                 let (mo, ml) = reference::combine::combine(&parts, d);
                 let mo32: Vec<f32> = mo.iter().map(|&x| x as f32).collect();
                 let ml32: Vec<f32> = ml.iter().map(|&x| x as f32).collect();
@@ -196,17 +280,31 @@ fn checks(case: &Case, wl: &Workload, refs: &RefSet, out: &RunOutput) -> Result<
                 }
                 cs.extend(merged);
             }
-            let _ = h;
         }
         (Workload::Mla(_), VariantId::DcpCombine) => {
             let o = pick(find(out, "o")?, rows, true);
             let l = pick(find(out, "lse")?, rows, true);
             // Reference: the f64 combine of the very inputs the kernel merged.
-            let VariantPlan::DcpCombine(ci) = &plan_of_combine(wl, refs) else { unreachable!() };
+            let VariantPlan::DcpCombine(ci) = plan else {
+                return Err("dcp_combine ran without its inputs".into());
+            };
             let n = ci.rows.len() * ci.heads;
-            let parts_o: Vec<Vec<f64>> = (0..ci.world).map(|r| ci.o[r * n * MLA_D_V..(r + 1) * n * MLA_D_V].iter().map(|&b| codec::bf16_from_bits(b) as f64).collect()).collect();
-            let parts_l: Vec<Vec<f64>> = (0..ci.world).map(|r| ci.lse[r * n..(r + 1) * n].iter().map(|&x| x as f64).collect()).collect();
-            let parts: Vec<(&[f64], &[f64])> = parts_o.iter().zip(&parts_l).map(|(o, l)| (o.as_slice(), l.as_slice())).collect();
+            let parts_o: Vec<Vec<f64>> = (0..ci.world)
+                .map(|r| {
+                    ci.o[r * n * MLA_D_V..(r + 1) * n * MLA_D_V]
+                        .iter()
+                        .map(|&b| codec::bf16_from_bits(b) as f64)
+                        .collect()
+                })
+                .collect();
+            let parts_l: Vec<Vec<f64>> = (0..ci.world)
+                .map(|r| ci.lse[r * n..(r + 1) * n].iter().map(|&x| x as f64).collect())
+                .collect();
+            let parts: Vec<(&[f64], &[f64])> = parts_o
+                .iter()
+                .zip(&parts_l)
+                .map(|(o, l)| (o.as_slice(), l.as_slice()))
+                .collect();
             let (ro, rl) = reference::combine::combine(&parts, MLA_D_V);
             cs.extend(check_pair("", &o, &ro, &l, &rl, MLA_D_V, tol));
         }
@@ -226,16 +324,21 @@ fn checks(case: &Case, wl: &Workload, refs: &RefSet, out: &RunOutput) -> Result<
             Workload::Mla(w) => (w.heads(), MLA_D_V, refs.full.heads),
             Workload::V4(w) => (w.p.heads, V4_D, refs.full.heads),
         };
-        let deq: Vec<f32> = ref_heads(&refs.full.o, rows.len(), hr, h, d).iter().map(|&x| x as f32).collect();
+        let deq: Vec<f32> = ref_heads(&refs.full.o, rows.len(), hr, h, d)
+            .iter()
+            .map(|&x| x as f32)
+            .collect();
         let unq_o = ref_heads(&unq.o, rows.len(), hr, h, d);
         let m = metrics::compare(&deq, &unq_o, &Tolerances::FP8, None);
-        cs.push(Check { tensor: "o".into(), level: "quant".into(), metrics: m, pass: true, why: String::new() });
+        cs.push(Check {
+            tensor: "o".into(),
+            level: "quant".into(),
+            metrics: m,
+            pass: true,
+            why: String::new(),
+        });
     }
     Ok(cs)
-}
-
-fn plan_of_combine(wl: &Workload, refs: &RefSet) -> VariantPlan {
-    VariantPlan::DcpCombine(combine_inputs(wl, refs))
 }
 
 fn params_map(case: &Case) -> BTreeMap<String, String> {
@@ -253,7 +356,10 @@ fn params_map(case: &Case) -> BTreeMap<String, String> {
             put("ctx", p.ctx_label.clone());
             put("ctx_min", p.ctx.iter().min().unwrap_or(&0).to_string());
             put("ctx_max", p.ctx.iter().max().unwrap_or(&0).to_string());
-            put("ctx_mean", format!("{:.0}", p.ctx.iter().sum::<usize>() as f64 / p.batch.max(1) as f64));
+            put(
+                "ctx_mean",
+                format!("{:.0}", p.ctx.iter().sum::<usize>() as f64 / p.batch.max(1) as f64),
+            );
             put("heads_local", p.heads_local.to_string());
             put("heads", p.heads().to_string());
             put("dcp_world", p.dcp_world.to_string());
@@ -282,7 +388,13 @@ fn params_map(case: &Case) -> BTreeMap<String, String> {
 }
 
 fn repro(case: &Case, opts: &RunOptions) -> String {
-    format!("mlabench run {} --case {} --variant {}{}", case.scenario.display(), case.id, case.variant, opts.repro_flags)
+    format!(
+        "mlabench run {} --case {} --variant {}{}",
+        case.scenario.display(),
+        case.id,
+        case.variant,
+        opts.repro_flags
+    )
 }
 
 fn base_row(case: &Case, backend: &str, opts: &RunOptions) -> Row {
@@ -328,9 +440,17 @@ pub fn run_case(case: &Case, caches: &mut Caches, backend: &mut dyn Backend, opt
     if let Some(why) = &decision.skip {
         row.status = Status::Skip;
         row.reason = why.clone();
-        return CaseOutcome { row, device_lost: false, output: None };
+        return CaseOutcome {
+            row,
+            device_lost: false,
+            output: None,
+        };
     }
-    let got = catch_unwind(AssertUnwindSafe(|| caches.get(case, opts.check_rows).map(|(w, r)| (w as *const Workload, r as *const RefSet))));
+    let got = catch_unwind(AssertUnwindSafe(|| {
+        caches
+            .get(case, opts.check_rows)
+            .map(|(w, r)| (w as *const Workload, r as *const RefSet))
+    }));
     let (wl, refs) = match got {
         Ok(Ok((w, r))) => {
             // SAFETY: both point into `caches`, which is not touched again until
@@ -340,12 +460,20 @@ pub fn run_case(case: &Case, caches: &mut Caches, backend: &mut dyn Backend, opt
         Ok(Err(e)) => {
             row.status = Status::Error;
             row.reason = format!("building inputs: {e:#}");
-            return CaseOutcome { row, device_lost: false, output: None };
+            return CaseOutcome {
+                row,
+                device_lost: false,
+                output: None,
+            };
         }
         Err(p) => {
             row.status = Status::Error;
             row.reason = format!("panic while building inputs or reference: {}", panic_text(&p));
-            return CaseOutcome { row, device_lost: false, output: None };
+            return CaseOutcome {
+                row,
+                device_lost: false,
+                output: None,
+            };
         }
     };
     row.rows_checked = refs.rows.len();
@@ -359,7 +487,11 @@ pub fn run_case(case: &Case, caches: &mut Caches, backend: &mut dyn Backend, opt
         Err(e) => {
             row.status = Status::Error;
             row.reason = e.to_string();
-            return CaseOutcome { row, device_lost: false, output: None };
+            return CaseOutcome {
+                row,
+                device_lost: false,
+                output: None,
+            };
         }
     };
     row.plan = match &decision.fallback {
@@ -369,28 +501,46 @@ pub fn run_case(case: &Case, caches: &mut Caches, backend: &mut dyn Backend, opt
     let (bytes, flops) = variants::cost(case, wl, &plan);
     row.bytes = bytes;
     row.flops = flops;
-    let req = RunRequest { case, workload: wl, plan: &plan, timing: &opts.timing, rows: &refs.rows };
+    let req = RunRequest {
+        case,
+        workload: wl,
+        plan: &plan,
+        timing: &opts.timing,
+        rows: &refs.rows,
+    };
     let ran = catch_unwind(AssertUnwindSafe(|| backend.run(&req)));
     let out = match ran {
         Ok(Ok(o)) => o,
         Ok(Err(BackendError::Unsupported(why))) => {
             row.status = Status::Skip;
             row.reason = why;
-            return CaseOutcome { row, device_lost: false, output: None };
+            return CaseOutcome {
+                row,
+                device_lost: false,
+                output: None,
+            };
         }
         Ok(Err(e)) => {
             let lost = matches!(e, BackendError::DeviceLost(_));
             row.status = Status::Error;
             row.reason = e.to_string();
-            return CaseOutcome { row, device_lost: lost, output: None };
+            return CaseOutcome {
+                row,
+                device_lost: lost,
+                output: None,
+            };
         }
         Err(p) => {
             row.status = Status::Error;
             row.reason = format!("panic in backend: {}", panic_text(&p));
-            return CaseOutcome { row, device_lost: false, output: None };
+            return CaseOutcome {
+                row,
+                device_lost: false,
+                output: None,
+            };
         }
     };
-    match checks(case, wl, refs, &out) {
+    match checks(case, wl, refs, &plan, &out) {
         Ok(cs) => row.checks = cs,
         Err(e) => {
             row.status = Status::Error;
@@ -419,7 +569,11 @@ pub fn run_case(case: &Case, caches: &mut Caches, backend: &mut dyn Backend, opt
         let info = backend.info();
         for (region, v) in [("kernel", &s.kernel_ms), ("variant", &s.variant_ms)] {
             if !v.is_empty() {
-                row.latency.push(Latency { region: region.into(), clock: s.clock.clone(), summary: Summary::from_samples(v) });
+                row.latency.push(Latency {
+                    region: region.into(),
+                    clock: s.clock.clone(),
+                    summary: Summary::from_samples(v),
+                });
             }
         }
         if let Some(ms) = row.median_ms("variant").filter(|&ms| ms > 0.0) {
@@ -431,11 +585,18 @@ pub fn run_case(case: &Case, caches: &mut Caches, backend: &mut dyn Backend, opt
             row.frac_tc = info.tensor_tflops.map(|c| tflops / c);
         }
     }
-    CaseOutcome { row, device_lost: false, output: Some(out) }
+    CaseOutcome {
+        row,
+        device_lost: false,
+        output: Some(out),
+    }
 }
 
 fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
-    p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned()).unwrap_or_else(|| "unknown panic".into())
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
 }
 
 /// The row of a case that was not run (e.g. after the device was lost).
@@ -449,7 +610,13 @@ pub fn dump_case(dir: &std::path::Path, case: &Case, caches: &mut Caches, out: &
     use crate::report::dump::{write_safetensors, DumpData, DumpTensor};
     std::fs::create_dir_all(dir)?;
     let (wl, refs) = caches.get(case, None)?;
-    let t = |name: &str, shape: Vec<usize>, data: DumpData<'_>| DumpTensor { name: name.to_string(), shape, data };
+    fn t<'a>(name: &str, shape: Vec<usize>, data: DumpData<'a>) -> DumpTensor<'a> {
+        DumpTensor {
+            name: name.to_string(),
+            shape,
+            data,
+        }
+    }
     let mut ts: Vec<DumpTensor> = Vec::new();
     let scales: Vec<f32>;
     match wl {
@@ -462,7 +629,11 @@ pub fn dump_case(dir: &std::path::Path, case: &Case, caches: &mut Caches, out: &
             scales = vec![w.q_scale, w.kv_scale, w.p.sm_scale as f32];
             ts.push(t("scales_q_kv_sm", vec![3], DumpData::F32(&scales)));
             ts.push(t("qo_indptr", vec![w.qo_indptr.len()], DumpData::I32(&w.qo_indptr)));
-            ts.push(t("g_kv_indptr", vec![w.g_kv_indptr.len()], DumpData::I32(&w.g_kv_indptr)));
+            ts.push(t(
+                "g_kv_indptr",
+                vec![w.g_kv_indptr.len()],
+                DumpData::I32(&w.g_kv_indptr),
+            ));
             for sh in &w.shards {
                 let r = sh.rank;
                 let shape = vec![sh.num_pages, w.p.page_size, 576];
@@ -470,20 +641,44 @@ pub fn dump_case(dir: &std::path::Path, case: &Case, caches: &mut Caches, out: &
                     workload::Elems::Bf16(v) => t(&format!("kv_pool.r{r}"), shape, DumpData::Bf16Bits(v)),
                     workload::Elems::Fp8(v) => t(&format!("kv_pool.r{r}"), shape, DumpData::U8(v)),
                 });
-                ts.push(t(&format!("kv_indptr.r{r}"), vec![sh.kv_indptr.len()], DumpData::I32(&sh.kv_indptr)));
-                ts.push(t(&format!("kv_indices.r{r}"), vec![sh.kv_indices.len()], DumpData::I32(&sh.kv_indices)));
-                ts.push(t(&format!("kv_last_page_len.r{r}"), vec![sh.kv_last_page_len.len()], DumpData::I32(&sh.kv_last_page_len)));
+                ts.push(t(
+                    &format!("kv_indptr.r{r}"),
+                    vec![sh.kv_indptr.len()],
+                    DumpData::I32(&sh.kv_indptr),
+                ));
+                ts.push(t(
+                    &format!("kv_indices.r{r}"),
+                    vec![sh.kv_indices.len()],
+                    DumpData::I32(&sh.kv_indices),
+                ));
+                ts.push(t(
+                    &format!("kv_last_page_len.r{r}"),
+                    vec![sh.kv_last_page_len.len()],
+                    DumpData::I32(&sh.kv_last_page_len),
+                ));
             }
             for (r, rr) in refs.ranks.iter().enumerate() {
-                ts.push(t(&format!("ref.o.r{r}"), vec![rr.rows.len(), rr.heads, rr.d_v], DumpData::F64(&rr.o)));
-                ts.push(t(&format!("ref.lse.r{r}"), vec![rr.rows.len(), rr.heads], DumpData::F64(&rr.lse)));
+                ts.push(t(
+                    &format!("ref.o.r{r}"),
+                    vec![rr.rows.len(), rr.heads, rr.d_v],
+                    DumpData::F64(&rr.o),
+                ));
+                ts.push(t(
+                    &format!("ref.lse.r{r}"),
+                    vec![rr.rows.len(), rr.heads],
+                    DumpData::F64(&rr.lse),
+                ));
             }
         }
         Workload::V4(w) => {
             ts.push(t("q_packed", vec![w.t, w.heads, 512], DumpData::U8(&w.q_packed)));
             ts.push(t("q_rope", vec![w.t, w.heads, 64], DumpData::Bf16Bits(&w.q_rope)));
             ts.push(t("unified_kv", vec![w.pool_rows, 512], DumpData::U8(&w.pool_packed)));
-            ts.push(t("unified_kv_rope", vec![w.pool_rows, 64], DumpData::Bf16Bits(&w.pool_rope)));
+            ts.push(t(
+                "unified_kv_rope",
+                vec![w.pool_rows, 64],
+                DumpData::Bf16Bits(&w.pool_rope),
+            ));
             ts.push(t("kv_indptr", vec![w.kv_indptr.len()], DumpData::I32(&w.kv_indptr)));
             ts.push(t("kv_indices", vec![w.kv_indices.len()], DumpData::I32(&w.kv_indices)));
             ts.push(t("attn_sink", vec![w.sink.len()], DumpData::F32(&w.sink)));
@@ -491,11 +686,23 @@ pub fn dump_case(dir: &std::path::Path, case: &Case, caches: &mut Caches, out: &
     }
     let rows_i32: Vec<i32> = refs.rows.iter().map(|&r| r as i32).collect();
     ts.push(t("checked_rows", vec![rows_i32.len()], DumpData::I32(&rows_i32)));
-    ts.push(t("ref.o", vec![refs.full.rows.len(), refs.full.heads, refs.full.d_v], DumpData::F64(&refs.full.o)));
-    ts.push(t("ref.lse", vec![refs.full.rows.len(), refs.full.heads], DumpData::F64(&refs.full.lse)));
+    ts.push(t(
+        "ref.o",
+        vec![refs.full.rows.len(), refs.full.heads, refs.full.d_v],
+        DumpData::F64(&refs.full.o),
+    ));
+    ts.push(t(
+        "ref.lse",
+        vec![refs.full.rows.len(), refs.full.heads],
+        DumpData::F64(&refs.full.lse),
+    ));
     for o in &out.tensors {
         let rows = o.data.len() / o.row_len.max(1);
-        ts.push(t(&format!("out.{}", o.name), vec![rows, o.row_len], DumpData::F32(&o.data)));
+        ts.push(t(
+            &format!("out.{}", o.name),
+            vec![rows, o.row_len],
+            DumpData::F32(&o.data),
+        ));
     }
     let mut meta = std::collections::BTreeMap::new();
     meta.insert("case".to_string(), case.key());

@@ -37,11 +37,7 @@ impl Summary {
         }
         let mut s = ms.to_vec();
         s.sort_by(f64::total_cmp);
-        let (median, p10, p90) = (
-            percentile(&s, 0.5),
-            percentile(&s, 0.1),
-            percentile(&s, 0.9),
-        );
+        let (median, p10, p90) = (percentile(&s, 0.5), percentile(&s, 0.1), percentile(&s, 0.9));
         let spread = p90 - p10;
         Summary {
             n: s.len(),
@@ -204,10 +200,7 @@ mod tests {
             Verdict::Slower { pct } => assert!((pct - 20.0).abs() < 1e-9),
             v => panic!("expected slower, got {v:?}"),
         }
-        assert_eq!(
-            format!("{}", Verdict::Faster { pct: 10.04 }),
-            "10.0% faster"
-        );
+        assert_eq!(format!("{}", Verdict::Faster { pct: 10.04 }), "10.0% faster");
     }
 
     #[test]

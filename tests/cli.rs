@@ -11,7 +11,12 @@ fn bin() -> Command {
 }
 
 fn json_rows(dir: &Path) -> Vec<serde_json::Value> {
-    let run = std::fs::read_dir(dir).unwrap().next().expect("one run directory").unwrap().path();
+    let run = std::fs::read_dir(dir)
+        .unwrap()
+        .next()
+        .expect("one run directory")
+        .unwrap()
+        .path();
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(run.join("rows.json")).unwrap()).unwrap();
     v["rows"].as_array().unwrap().clone()
 }
@@ -19,10 +24,18 @@ fn json_rows(dir: &Path) -> Vec<serde_json::Value> {
 #[test]
 fn smoke_passes_every_eligible_variant_and_shows_the_forced_page64_failure() {
     let out = tempfile::tempdir().unwrap();
-    let assert = bin().args(["run", "scenarios/smoke.toml", "--backend", "cpu", "--out"]).arg(out.path()).assert();
+    let assert = bin()
+        .args(["run", "scenarios/smoke.toml", "--backend", "cpu", "--out"])
+        .arg(out.path())
+        .assert();
     let output = assert.get_output().clone();
     let stdout = String::from_utf8_lossy(&output.stdout);
-    assert_eq!(output.status.code(), Some(0), "stdout:\n{stdout}\nstderr:\n{}", String::from_utf8_lossy(&output.stderr));
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "stdout:\n{stdout}\nstderr:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     let rows = json_rows(out.path());
     let variants: std::collections::BTreeSet<&str> = rows.iter().map(|r| r["variant"].as_str().unwrap()).collect();
     for v in ["ps1", "page64", "dcp_combine", "v4_split", "hca_persist", "split_merge"] {
@@ -33,16 +46,28 @@ fn smoke_passes_every_eligible_variant_and_shows_the_forced_page64_failure() {
         let status = r["status"].as_str().unwrap();
         let forced = r["forced"].as_bool().unwrap();
         let params = &r["params"];
-        let dcp_sq = params["dcp_world"].as_str().map(|w| w != "1").unwrap_or(false) && params["s_q"].as_str().map(|q| q != "1").unwrap_or(false);
+        let dcp_sq = params["dcp_world"].as_str().map(|w| w != "1").unwrap_or(false)
+            && params["s_q"].as_str().map(|q| q != "1").unwrap_or(false);
         if r["variant"] == "page64" && dcp_sq {
             assert!(forced, "page64 under DCP with s_q > 1 only runs when forced");
-            assert_eq!(status, "xfail", "{}: must fail the reference: {}", r["case_id"], r["reason"]);
-            assert!(r["gate"].as_str().unwrap().contains("g_kv_indptr"), "gate says why: {}", r["gate"]);
+            assert_eq!(
+                status, "xfail",
+                "{}: must fail the reference: {}",
+                r["case_id"], r["reason"]
+            );
+            assert!(
+                r["gate"].as_str().unwrap().contains("g_kv_indptr"),
+                "gate says why: {}",
+                r["gate"]
+            );
             xfail += 1;
         } else {
             assert_eq!(status, "pass", "{} {}: {}", r["case_id"], r["variant"], r["reason"]);
         }
-        assert!(r["repro"].as_str().unwrap().starts_with("mlabench run scenarios/smoke.toml --case "));
+        assert!(r["repro"]
+            .as_str()
+            .unwrap()
+            .starts_with("mlabench run scenarios/smoke.toml --case "));
     }
     assert!(xfail >= 2, "the forced page64 DCP rows are there");
     assert!(stdout.contains("CPU timings"), "CPU timings are labelled:\n{stdout}");
@@ -52,7 +77,18 @@ fn smoke_passes_every_eligible_variant_and_shows_the_forced_page64_failure() {
 fn repro_command_reruns_one_case() {
     let out = tempfile::tempdir().unwrap();
     bin()
-        .args(["run", "scenarios/smoke.toml", "--backend", "cpu", "--no-timing", "--case", "mla-b2-cl5_130-h8x2-s1-q4-fp8-p1", "--variant", "ps1", "--out"])
+        .args([
+            "run",
+            "scenarios/smoke.toml",
+            "--backend",
+            "cpu",
+            "--no-timing",
+            "--case",
+            "mla-b2-cl5_130-h8x2-s1-q4-fp8-p1",
+            "--variant",
+            "ps1",
+            "--out",
+        ])
         .arg(out.path())
         .assert()
         .code(0);
@@ -66,10 +102,25 @@ fn repro_command_reruns_one_case() {
 fn list_and_plan_describe_variants_and_gates() {
     let o = bin().args(["list"]).assert().code(0).get_output().stdout.clone();
     let s = String::from_utf8_lossy(&o);
-    for v in ["ps1", "page64", "dcp_combine", "v4_split", "hca_persist", "split_merge", "kimi-k3-dcp8.toml", "dsv4-pro.toml"] {
+    for v in [
+        "ps1",
+        "page64",
+        "dcp_combine",
+        "v4_split",
+        "hca_persist",
+        "split_merge",
+        "kimi-k3-dcp8.toml",
+        "dsv4-pro.toml",
+    ] {
         assert!(s.contains(v), "list shows {v}");
     }
-    let o = bin().args(["plan", "scenarios/kimi-k3-dcp8.toml"]).assert().code(0).get_output().stdout.clone();
+    let o = bin()
+        .args(["plan", "scenarios/kimi-k3-dcp8.toml"])
+        .assert()
+        .code(0)
+        .get_output()
+        .stdout
+        .clone();
     let s = String::from_utf8_lossy(&o);
     assert!(s.contains("h96"), "the draft's 64 heads pad to 96:\n{s}");
     assert!(s.contains("rejected"), "page64 is rejected under DCP with s_q > 1");
@@ -78,17 +129,28 @@ fn list_and_plan_describe_variants_and_gates() {
 
 #[test]
 fn unknown_case_filter_is_bad_input() {
-    bin().args(["run", "--backend", "cpu", "--case", "no-such-case"]).assert().code(2).stderr(predicates::str::contains("mlabench plan"));
+    bin()
+        .args(["run", "--backend", "cpu", "--case", "no-such-case"])
+        .assert()
+        .code(2)
+        .stderr(predicates::str::contains("mlabench plan"));
 }
 
 #[test]
 fn cuda_backend_without_a_gpu_is_an_environment_error() {
-    let has_gpu = std::process::Command::new("nvidia-smi").output().map(|o| o.status.success()).unwrap_or(false);
+    let has_gpu = std::process::Command::new("nvidia-smi")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
     if has_gpu {
         eprintln!("skipped: this machine has a GPU");
         return;
     }
-    bin().args(["run", "--backend", "cuda", "--no-timing"]).assert().code(2).stderr(predicates::str::contains("--backend cpu"));
+    bin()
+        .args(["run", "--backend", "cuda", "--no-timing"])
+        .assert()
+        .code(2)
+        .stderr(predicates::str::contains("--backend cpu"));
 }
 
 const BASE_MLA: &str = "[[mla]]\nbatch = 2\ncontext = 64\nheads_local = 16\nvariants = [\"ps1\"]\n";
@@ -126,13 +188,21 @@ fn malformed_scenarios_exit_2_and_name_the_key() {
     for (what, text, needle) in MALFORMED {
         let path = dir.path().join("bad.toml");
         std::fs::write(&path, text).unwrap();
-        let out = bin().args(["run", "--backend", "cpu", "--out"]).arg(dir.path().join("out")).arg(&path).output().unwrap();
+        let out = bin()
+            .args(["run", "--backend", "cpu", "--out"])
+            .arg(dir.path().join("out"))
+            .arg(&path)
+            .output()
+            .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{what}: exit code; stderr: {err}");
         assert!(err.contains(needle), "{what}: message names `{needle}`: {err}");
         assert!(err.contains("bad.toml"), "{what}: message names the file: {err}");
     }
-    let out = bin().args(["run", "--backend", "cpu", "no/such/file.toml"]).output().unwrap();
+    let out = bin()
+        .args(["run", "--backend", "cpu", "no/such/file.toml"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no/such/file.toml"));
 }

@@ -50,21 +50,14 @@ impl CudaBackend {
     }
 }
 
-pub fn device_report(
-    _kernels_dir: &Path,
-    _measure_ceilings: bool,
-) -> Result<DeviceReport, EnvError> {
+pub fn device_report(_kernels_dir: &Path, _measure_ceilings: bool) -> Result<DeviceReport, EnvError> {
     Err(EnvError::Disabled)
 }
 
 /// Type of a `--check` result, as in the CUDA build.
 pub type CheckResults = Vec<(KernelSpec, Result<(), CompileError>)>;
 
-pub fn check_all(
-    _kernels_dir: &Path,
-    _specs: &[KernelSpec],
-    _arch: &str,
-) -> Result<CheckResults, EnvError> {
+pub fn check_all(_kernels_dir: &Path, _specs: &[KernelSpec], _arch: &str) -> Result<CheckResults, EnvError> {
     Err(EnvError::Disabled)
 }
 
@@ -92,14 +85,8 @@ mod tests {
     fn every_entry_point_names_the_fix() {
         let k = Path::new("kernels");
         let msg = CudaBackend::open(k).err().unwrap().to_string();
-        assert_eq!(
-            msg,
-            "built without the cuda feature; rebuild with --features cuda"
-        );
+        assert_eq!(msg, "built without the cuda feature; rebuild with --features cuda");
         assert!(matches!(device_report(k, true), Err(EnvError::Disabled)));
-        assert!(matches!(
-            check_all(k, &[], "sm_90a"),
-            Err(EnvError::Disabled)
-        ));
+        assert!(matches!(check_all(k, &[], "sm_90a"), Err(EnvError::Disabled)));
     }
 }

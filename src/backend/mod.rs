@@ -2,7 +2,6 @@
 //! one variant's plan on one workload, hand back outputs and timings.
 
 pub mod cpu;
-mod select;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 #[cfg(not(feature = "cuda"))]
@@ -14,6 +13,7 @@ pub mod hip;
 #[cfg(not(feature = "hip"))]
 #[path = "hip/disabled.rs"]
 pub mod hip;
+mod select;
 
 pub use select::select;
 
@@ -54,7 +54,14 @@ pub struct TimingOptions {
 
 impl Default for TimingOptions {
     fn default() -> Self {
-        TimingOptions { enabled: true, warmup: 3, min_samples: 10, min_time_ms: 50.0, cold_l2: true, graph: false }
+        TimingOptions {
+            enabled: true,
+            warmup: 3,
+            min_samples: 10,
+            min_time_ms: 50.0,
+            cold_l2: true,
+            graph: false,
+        }
     }
 }
 

@@ -14,13 +14,20 @@ pub fn select(choice: BackendChoice, kernels_dir: &Path) -> Result<(Box<dyn Back
         BackendChoice::Cpu => Ok((Box::new(CpuBackend::new()), None)),
         BackendChoice::Cuda => match cuda::CudaBackend::open(kernels_dir) {
             Ok(b) => Ok((Box::new(b), None)),
-            Err(e) => Err(InputError::Environment(format!("--backend cuda: {e:#}. Run on a machine with an NVIDIA GPU and driver, or use --backend cpu"))),
+            Err(e) => Err(InputError::Environment(format!(
+                "--backend cuda: {e:#}. Run on a machine with an NVIDIA GPU and driver, or use --backend cpu"
+            ))),
         },
         BackendChoice::Auto => match cuda::CudaBackend::open(kernels_dir) {
             Ok(b) => Ok((Box::new(b), None)),
             Err(e) => {
                 let first = format!("{e:#}").lines().next().unwrap_or("").to_string();
-                Ok((Box::new(CpuBackend::new()), Some(format!("notice: no usable GPU ({first}); running the CPU backend (f32 host emulation)"))))
+                Ok((
+                    Box::new(CpuBackend::new()),
+                    Some(format!(
+                        "notice: no usable GPU ({first}); running the CPU backend (f32 host emulation)"
+                    )),
+                ))
             }
         },
     }

@@ -53,9 +53,7 @@ impl FromStr for TargetProfile {
             "gfx950" => Ok(TargetProfile::Gfx950),
             "gfx1250" => Ok(TargetProfile::Gfx1250),
             "sm90" => Ok(TargetProfile::Sm90),
-            _ => Err(format!(
-                "unknown target profile `{s}`; known: gfx950, gfx1250, sm90"
-            )),
+            _ => Err(format!("unknown target profile `{s}`; known: gfx950, gfx1250, sm90")),
         }
     }
 }
@@ -112,21 +110,14 @@ pub struct Decision {
 
 impl fmt::Display for Decision {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let verdict = if self.eligible {
-            "eligible"
-        } else {
-            "rejected"
-        };
+        let verdict = if self.eligible { "eligible" } else { "rejected" };
         write!(f, "{}: {verdict}: {}", self.variant, self.reason)
     }
 }
 
 fn width_words(p: PaddedHeads, s_q: usize) -> String {
     if p.is_padded() {
-        let widths: Vec<String> = heads::ps1_widths(s_q)
-            .iter()
-            .map(|w| w.to_string())
-            .collect();
+        let widths: Vec<String> = heads::ps1_widths(s_q).iter().map(|w| w.to_string()).collect();
         format!(
             "H={} padded to width {} (s_q={s_q} takes widths {})",
             p.real,
@@ -145,12 +136,7 @@ fn mask_words(g: &GateInput) -> String {
     )
 }
 
-fn finish(
-    variant: VariantId,
-    failures: Vec<String>,
-    ok: String,
-    heads: Option<PaddedHeads>,
-) -> Decision {
+fn finish(variant: VariantId, failures: Vec<String>, ok: String, heads: Option<PaddedHeads>) -> Decision {
     if failures.is_empty() {
         Decision {
             variant,
@@ -196,10 +182,7 @@ fn ps1_gate(g: &GateInput) -> Decision {
             g.s_q, g.w
         ));
         if g.profile.spec_dcp_policy() == SpecDcpPolicy::Ps1Only {
-            ok.push_str(&format!(
-                "; {} allows spec decode + DCP only on this kernel",
-                g.profile
-            ));
+            ok.push_str(&format!("; {} allows spec decode + DCP only on this kernel", g.profile));
         }
     }
     ok.push('.');
@@ -284,13 +267,7 @@ pub fn mla_pick(g: &GateInput) -> (Option<VariantId>, Vec<Decision>) {
 mod tests {
     use super::*;
 
-    fn input(
-        profile: TargetProfile,
-        w: usize,
-        s_q: usize,
-        heads: usize,
-        page_size: usize,
-    ) -> GateInput {
+    fn input(profile: TargetProfile, w: usize, s_q: usize, heads: usize, page_size: usize) -> GateInput {
         GateInput {
             profile,
             w,
@@ -312,9 +289,9 @@ mod tests {
         use VariantId::*;
         // (profile, W, s_q, H, page) -> (pick, ps1 eligible, page64 eligible)
         let table = [
-            ((Sm90, 8, 4, 96, 1), (Some(Ps1), true, false)), // K3 target verify
-            ((Sm90, 8, 4, 64, 1), (Some(Ps1), true, false)), // DSpark draft, padded
-            ((Sm90, 8, 4, 64, 64), (None, false, false)),    // the bug the gate prevents
+            ((Sm90, 8, 4, 96, 1), (Some(Ps1), true, false)),     // K3 target verify
+            ((Sm90, 8, 4, 64, 1), (Some(Ps1), true, false)),     // DSpark draft, padded
+            ((Sm90, 8, 4, 64, 64), (None, false, false)),        // the bug the gate prevents
             ((Sm90, 1, 4, 64, 64), (Some(Page64), false, true)), // no DCP: local = global
             ((Sm90, 8, 1, 96, 64), (Some(Page64), false, true)), // one token: any mask
             ((Gfx950, 8, 1, 96, 1), (Some(Ps1), true, false)),
@@ -348,13 +325,9 @@ mod tests {
 
     #[test]
     fn every_failing_rule_is_listed() {
-        let d = mla_gate(
-            VariantId::Page64,
-            &input(TargetProfile::Gfx1250, 8, 4, 64, 1),
-        );
+        let d = mla_gate(VariantId::Page64, &input(TargetProfile::Gfx1250, 8, 4, 64, 1));
         assert!(
-            d.reason
-                .starts_with("s_q=4 with DCP world 8 needs the causal mask"),
+            d.reason.starts_with("s_q=4 with DCP world 8 needs the causal mask"),
             "{}",
             d.reason
         );
@@ -383,13 +356,7 @@ mod tests {
     fn ps1_reason_says_how_it_pads() {
         let d = mla_gate(VariantId::Ps1, &input(TargetProfile::Gfx1250, 8, 4, 64, 1));
         assert!(d.eligible);
-        assert_eq!(
-            d.heads,
-            Some(PaddedHeads {
-                real: 64,
-                kernel: 96
-            })
-        );
+        assert_eq!(d.heads, Some(PaddedHeads { real: 64, kernel: 96 }));
         assert_eq!(
             d.reason,
             "ps1 runs fp8 H=64 padded to width 96 (s_q=4 takes widths 16, 96); it applies the causal mask on \

@@ -36,11 +36,7 @@ pub fn ps1_widths(s_q: usize) -> &'static [usize] {
 }
 
 fn list(widths: &[usize]) -> String {
-    widths
-        .iter()
-        .map(|w| w.to_string())
-        .collect::<Vec<_>>()
-        .join(", ")
+    widths.iter().map(|w| w.to_string()).collect::<Vec<_>>().join(", ")
 }
 
 /// The ps1 width for `h` gathered heads at `s_q` query tokens: the smallest
@@ -57,16 +53,12 @@ pub fn kernel_heads(h: usize, s_q: usize) -> Result<usize, Unsupported> {
             "ps1 has no kernel for s_q={s_q} (it takes s_q <= 8); H={h}"
         )));
     }
-    widths
-        .iter()
-        .copied()
-        .find(|&w| w >= h.max(MIN_WIDTH))
-        .ok_or_else(|| {
-            Unsupported(format!(
-                "no ps1 width fits H={h} at s_q={s_q} (widths for this s_q: {})",
-                list(widths)
-            ))
-        })
+    widths.iter().copied().find(|&w| w >= h.max(MIN_WIDTH)).ok_or_else(|| {
+        Unsupported(format!(
+            "no ps1 width fits H={h} at s_q={s_q} (widths for this s_q: {})",
+            list(widths)
+        ))
+    })
 }
 
 /// The page64 width: `max(h, 16)` rounded up to a multiple of 16, at most 128.
@@ -86,9 +78,7 @@ pub fn page64_heads(h: usize) -> Result<usize, Unsupported> {
 /// The V4 width: heads in {16, 32, 64, 128}; fewer than 16 pad to 16.
 pub fn v4_heads(h: usize) -> Result<usize, Unsupported> {
     match h {
-        0 => Err(Unsupported(
-            "V4 decode needs at least one head (H=0)".into(),
-        )),
+        0 => Err(Unsupported("V4 decode needs at least one head (H=0)".into())),
         1..=15 => Ok(MIN_WIDTH),
         _ if V4_WIDTHS.contains(&h) => Ok(h),
         _ => Err(Unsupported(format!(
@@ -181,11 +171,7 @@ mod tests {
     #[test]
     fn spec_examples_for_ps1() {
         assert_eq!(kernel_heads(96, 4), Ok(96), "Kimi-K3 target 12 x DCP8");
-        assert_eq!(
-            kernel_heads(64, 4),
-            Ok(96),
-            "DSpark draft 8 x 8 with s_q > 1"
-        );
+        assert_eq!(kernel_heads(64, 4), Ok(96), "DSpark draft 8 x 8 with s_q > 1");
         assert_eq!(kernel_heads(16, 2), Ok(16), "8 x 2");
         assert_eq!(kernel_heads(24, 3), Ok(96));
         assert_eq!(kernel_heads(8, 1), Ok(16));
@@ -205,10 +191,7 @@ mod tests {
         assert_eq!(kernel_heads(96, 5), Ok(96));
         assert_eq!(kernel_heads(16, 8), Ok(96), "s_q 5..8 has only 96");
         assert!(kernel_heads(97, 2).is_err());
-        assert!(
-            kernel_heads(128, 2).is_err(),
-            "128 is a single-token width only"
-        );
+        assert!(kernel_heads(128, 2).is_err(), "128 is a single-token width only");
         assert!(kernel_heads(0, 1).is_err());
         assert!(kernel_heads(16, 0).is_err());
     }

@@ -83,8 +83,7 @@ pub fn occupancy_splits(bs_occ: usize, avg_kv: f64, cus: usize) -> usize {
     for i in 1..=MAX_FALLBACK_SPLITS {
         let work = bs_occ * i;
         let slots = work.div_ceil(cus) * cus;
-        let score =
-            work as f64 / slots as f64 * avg_kv / (avg_kv + SPLIT_OVERHEAD_TOKENS * i as f64);
+        let score = work as f64 / slots as f64 * avg_kv / (avg_kv + SPLIT_OVERHEAD_TOKENS * i as f64);
         // Strictly greater: the first maximum wins, as Python's max does.
         if score > best.0 {
             best = (score, i);
@@ -162,14 +161,7 @@ pub fn fallback_split_pick(inp: &FallbackInput) -> SplitPick {
 
 /// The split count page64 uses, with `tg_factor = 1` (one CTA per split and
 /// head group is the caller's to count when it is not).
-pub fn fallback_splits(
-    batch: usize,
-    total_kv: usize,
-    heads: usize,
-    s_q: usize,
-    dtype: Dtype,
-    cus: usize,
-) -> usize {
+pub fn fallback_splits(batch: usize, total_kv: usize, heads: usize, s_q: usize, dtype: Dtype, cus: usize) -> usize {
     fallback_split_pick(&FallbackInput {
         batch,
         total_kv,
@@ -199,14 +191,7 @@ pub fn page64_split_ranges(local_len: usize, n: usize) -> Vec<(usize, usize)> {
 mod tests {
     use super::*;
 
-    fn pick(
-        batch: usize,
-        total_kv: usize,
-        heads: usize,
-        s_q: usize,
-        dtype: Dtype,
-        tg: usize,
-    ) -> SplitPick {
+    fn pick(batch: usize, total_kv: usize, heads: usize, s_q: usize, dtype: Dtype, tg: usize) -> SplitPick {
         fallback_split_pick(&FallbackInput {
             batch,
             total_kv,
@@ -277,11 +262,7 @@ mod tests {
     #[test]
     fn degenerate_inputs_keep_one_split() {
         assert_eq!(pick(0, 0, 16, 1, Dtype::Bf16, 1).n, 1);
-        assert_eq!(
-            pick(8, 0, 16, 1, Dtype::Bf16, 1).n,
-            1,
-            "all scores 0: the first wins"
-        );
+        assert_eq!(pick(8, 0, 16, 1, Dtype::Bf16, 1).n, 1, "all scores 0: the first wins");
         assert_eq!(pick(8, 0, 16, 1, Dtype::Fp8, 1).n, 1, "aiter would say 0");
     }
 
@@ -305,19 +286,10 @@ mod tests {
     #[test]
     fn page64_ranges_are_page_aligned_and_tile() {
         assert_eq!(page64_split_ranges(200, 2), vec![(0, 128), (128, 200)]);
-        assert_eq!(
-            page64_split_ranges(200, 3),
-            vec![(0, 128), (128, 200), (200, 200)]
-        );
+        assert_eq!(page64_split_ranges(200, 3), vec![(0, 128), (128, 200), (200, 200)]);
         assert_eq!(page64_split_ranges(64, 1), vec![(0, 64)]);
         assert_eq!(page64_split_ranges(0, 2), vec![(0, 0), (0, 0)]);
-        assert_eq!(
-            page64_split_ranges(65, 16)
-                .iter()
-                .filter(|(a, b)| b > a)
-                .count(),
-            2
-        );
+        assert_eq!(page64_split_ranges(65, 16).iter().filter(|(a, b)| b > a).count(), 2);
         for len in 0..400 {
             for n in 1..=16 {
                 let r = page64_split_ranges(len, n);

@@ -25,12 +25,7 @@ pub fn table_row(table: &[i32], t: usize, n: usize) -> &[i32] {
         (1..=MAX_SPLITS).contains(&n),
         "split count {n} is outside the table (1..={MAX_SPLITS})"
     );
-    assert_eq!(
-        table.len(),
-        MAX_SPLITS * (t + 1),
-        "table is not [16, {}]",
-        t + 1
-    );
+    assert_eq!(table.len(), MAX_SPLITS * (t + 1), "table is not [16, {}]", t + 1);
     &table[(n - 1) * (t + 1)..n * (t + 1)]
 }
 
@@ -123,9 +118,7 @@ impl SplitPlan {
         if self.split_indptr.is_empty() {
             return Err(PlanError::new(case, "V4 split CSR is empty"));
         }
-        if let Some(i) = (0..self.split_indptr.len())
-            .find(|&i| self.split_indptr[i] as i64 != (self.n * i) as i64)
-        {
+        if let Some(i) = (0..self.split_indptr.len()).find(|&i| self.split_indptr[i] as i64 != (self.n * i) as i64) {
             return Err(PlanError::new(
                 case,
                 format!(
@@ -179,15 +172,8 @@ pub fn v4_split_plan(
     }
     let (n, source) = match fixed {
         Some(n) if (1..=MAX_SPLITS).contains(&n) => (n, SplitSource::Fixed),
-        Some(n) => {
-            return kernel(format!(
-                "fixed n={n} is outside the table's 1..={MAX_SPLITS}"
-            ))
-        }
-        None => (
-            heuristic_splits(rows_n, heads, bound, cus),
-            SplitSource::Heuristic,
-        ),
+        Some(n) => return kernel(format!("fixed n={n} is outside the table's 1..={MAX_SPLITS}")),
+        None => (heuristic_splits(rows_n, heads, bound, cus), SplitSource::Heuristic),
     };
     let plan = SplitPlan {
         n,
@@ -239,7 +225,9 @@ pub fn hca_gates(
         ));
     }
     if !fp8 {
-        return Err("the KV pool is not fp8: the persistent kernel reads native FP8 rows only; v4_split runs this case".into());
+        return Err(
+            "the KV pool is not fp8: the persistent kernel reads native FP8 rows only; v4_split runs this case".into(),
+        );
     }
     if rows < min_rows {
         return Err(format!(
@@ -247,10 +235,15 @@ pub fn hca_gates(
         ));
     }
     if rows > HCA_MAX_ROWS {
-        return Err(format!("rows {rows} > {HCA_MAX_ROWS}: past the persistent kernel's row limit; v4_split runs this case"));
+        return Err(format!(
+            "rows {rows} > {HCA_MAX_ROWS}: past the persistent kernel's row limit; v4_split runs this case"
+        ));
     }
     if !row_dense {
-        return Err("the KV pools are not row-dense: the persistent kernel indexes pool rows directly; v4_split runs this case".into());
+        return Err(
+            "the KV pools are not row-dense: the persistent kernel indexes pool rows directly; v4_split runs this case"
+                .into(),
+        );
     }
     if !workspace {
         return Err(
@@ -303,8 +296,7 @@ pub fn lens_from_indptr(kv_indptr: &[i32]) -> Result<Vec<usize>, String> {
         .windows(2)
         .enumerate()
         .map(|(i, w)| {
-            usize::try_from(w[1] - w[0])
-                .map_err(|_| format!("kv_indptr decreases at row {i}: {} -> {}", w[0], w[1]))
+            usize::try_from(w[1] - w[0]).map_err(|_| format!("kv_indptr decreases at row {i}: {} -> {}", w[0], w[1]))
         })
         .collect()
 }
@@ -357,11 +349,7 @@ pub fn hca_partition_plan(lens: &[usize], p: usize) -> Result<HcaPlan, String> {
             i += 1;
         }
     }
-    let direct_rows = row_pieces
-        .iter()
-        .zip(lens)
-        .filter(|&(&k, &l)| l > 0 && k == 1)
-        .count();
+    let direct_rows = row_pieces.iter().zip(lens).filter(|&(&k, &l)| l > 0 && k == 1).count();
     let split_rows = row_pieces.iter().filter(|&&k| k > 1).count();
     let plan = HcaPlan {
         partitions: p,
@@ -387,10 +375,7 @@ impl HcaPlan {
     /// or split (every piece has a slot); slots distinct and below `2P`.
     pub fn check(&self, lens: &[usize]) -> Result<(), String> {
         let p = self.partitions;
-        if self.bounds.len() != p + 1
-            || self.bounds[p] != self.total
-            || self.total != lens.iter().sum::<usize>()
-        {
+        if self.bounds.len() != p + 1 || self.bounds[p] != self.total || self.total != lens.iter().sum::<usize>() {
             return Err(format!(
                 "partition bounds {:?} do not cover the total work {}",
                 self.bounds, self.total
@@ -406,15 +391,10 @@ impl HcaPlan {
         let mut used = vec![false; 2 * p];
         for pc in &self.pieces {
             if pc.row >= lens.len() || pc.partition >= p {
-                return Err(format!(
-                    "piece {pc:?} names a row or partition that does not exist"
-                ));
+                return Err(format!("piece {pc:?} names a row or partition that does not exist"));
             }
             if pc.start >= pc.end || pc.end > lens[pc.row] {
-                return Err(format!(
-                    "piece {pc:?} is empty or past row length {}",
-                    lens[pc.row]
-                ));
+                return Err(format!("piece {pc:?} is empty or past row length {}", lens[pc.row]));
             }
             let (a, b) = (offs[pc.row] + pc.start, offs[pc.row] + pc.end);
             if a < self.bounds[pc.partition] || b > self.bounds[pc.partition + 1] {
@@ -426,9 +406,7 @@ impl HcaPlan {
             }
             if let Some(s) = pc.slot {
                 if s / 2 != pc.partition || used[s] {
-                    return Err(format!(
-                        "piece {pc:?}: slot {s} is reused or not its partition's"
-                    ));
+                    return Err(format!("piece {pc:?}: slot {s} is reused or not its partition's"));
                 }
                 used[s] = true;
             }
@@ -449,11 +427,7 @@ impl HcaPlan {
             match ps.len() {
                 0 => {}
                 1 if ps[0].slot.is_none() => direct += 1,
-                1 => {
-                    return Err(format!(
-                        "row {i} is whole in one piece but has a partial slot"
-                    ))
-                }
+                1 => return Err(format!("row {i} is whole in one piece but has a partial slot")),
                 _ if ps.iter().all(|pc| pc.slot.is_some()) => split += 1,
                 _ => return Err(format!("row {i} is split but a piece has no partial slot")),
             }
@@ -556,11 +530,7 @@ mod tests {
 
         let p = v4_split_plan(12, 8, 16, 1152, 132, None);
         assert_eq!(p.source, SplitSource::KernelPick);
-        assert_eq!(
-            p.split_indptr.len(),
-            13,
-            "the kernel's CSR covers all 12 real rows"
-        );
+        assert_eq!(p.split_indptr.len(), 13, "the kernel's CSR covers all 12 real rows");
         assert!(p.check("c").is_ok());
     }
 
@@ -585,10 +555,7 @@ mod tests {
                 assert!(check_tiling(&r, len).is_ok(), "len {len} n {n}");
                 let sizes: Vec<usize> = r.iter().map(|(a, b)| b - a).collect();
                 let (lo, hi) = (sizes.iter().min().unwrap(), sizes.iter().max().unwrap());
-                assert!(
-                    hi - lo <= 1,
-                    "len {len} n {n}: balanced to one token, got {sizes:?}"
-                );
+                assert!(hi - lo <= 1, "len {len} n {n}: balanced to one token, got {sizes:?}");
             }
         }
     }
@@ -652,11 +619,7 @@ mod tests {
         let plan = hca_partition_plan(&[3, 6], 2).unwrap();
         assert_eq!(
             plan.pieces,
-            vec![
-                pc(0, 0, 0, 3, None),
-                pc(0, 1, 0, 1, Some(1)),
-                pc(1, 1, 1, 6, Some(2))
-            ]
+            vec![pc(0, 0, 0, 3, None), pc(0, 1, 0, 1, Some(1)), pc(1, 1, 1, 6, Some(2))]
         );
     }
 
@@ -674,10 +637,7 @@ mod tests {
         // partition and takes the "first" slot.
         let plan = hca_partition_plan(&[100], 4).unwrap();
         assert_eq!(
-            plan.pieces
-                .iter()
-                .map(|p| p.slot.unwrap())
-                .collect::<Vec<_>>(),
+            plan.pieces.iter().map(|p| p.slot.unwrap()).collect::<Vec<_>>(),
             vec![0, 2, 4, 6]
         );
     }
@@ -688,13 +648,7 @@ mod tests {
         for _ in 0..300 {
             let n = rng.gen_range(1..200);
             let lens: Vec<usize> = (0..n)
-                .map(|_| {
-                    if rng.gen_bool(0.1) {
-                        0
-                    } else {
-                        rng.gen_range(1..9000)
-                    }
-                })
+                .map(|_| if rng.gen_bool(0.1) { 0 } else { rng.gen_range(1..9000) })
                 .collect();
             let p = rng.gen_range(1..=256);
             let plan = hca_partition_plan(&lens, p).unwrap();
@@ -730,10 +684,7 @@ mod tests {
         assert!(reused.check(&lens).is_err());
         let mut moved = good.clone();
         moved.pieces[2].partition = 0;
-        assert!(moved
-            .check(&lens)
-            .unwrap_err()
-            .contains("leaves its partition"));
+        assert!(moved.check(&lens).unwrap_err().contains("leaves its partition"));
     }
 
     #[test]

@@ -105,17 +105,11 @@ fn check_qo(case: &str, batch: usize, qo_indptr: &[i32]) -> Result<(), PlanError
     if qo_indptr.len() != batch + 1 {
         return Err(PlanError::new(
             case,
-            format!(
-                "qo_indptr has {} entries for {batch} sequences",
-                qo_indptr.len()
-            ),
+            format!("qo_indptr has {} entries for {batch} sequences", qo_indptr.len()),
         ));
     }
     if qo_indptr[0] < 0 {
-        return Err(PlanError::new(
-            case,
-            format!("qo_indptr starts at {}", qo_indptr[0]),
-        ));
+        return Err(PlanError::new(case, format!("qo_indptr starts at {}", qo_indptr[0])));
     }
     if let Some(b) = (0..batch).find(|&b| qo_indptr[b + 1] <= qo_indptr[b]) {
         return Err(PlanError::new(
@@ -194,55 +188,50 @@ pub fn build_worklist_with(
     };
 
     // Emits `[done, done + take)` blocks of the current sequence as one item.
-    let mut emit =
-        |cur: &mut Cursor, take: usize, items: &mut Vec<WorkItem>, reduce: &mut Vec<ReduceItem>| {
-            let b = cur.seq;
-            let (q_start, q_end) = (qo_indptr[b], qo_indptr[b + 1]);
-            let rows = (q_end - q_start) as usize;
-            let last = cur.done + take >= blocks[b];
-            let kv_start = cur.done * g;
-            let kv_end = if last {
-                local_lens[b]
-            } else {
-                (cur.done + take) * g
-            };
-            let partial = if last && cur.chunks == 0 {
-                -1
-            } else {
-                if cur.chunks == 0 {
-                    cur.part_base = num_partial_rows;
-                }
-                num_partial_rows += rows;
-                (num_partial_rows - rows) as i32
-            };
-            items.push(WorkItem {
-                seq: b as i32,
-                partial,
-                q_start,
-                q_end,
-                kv_start: kv_start as i32,
-                kv_end: kv_end as i32,
-            });
-            cur.chunks += 1;
-            if last {
-                if cur.chunks > 1 {
-                    reduce.push(ReduceItem {
-                        q_start,
-                        q_end,
-                        part_base: cur.part_base as i32,
-                        n_parts: cur.chunks as i32,
-                    });
-                }
-                *cur = Cursor {
-                    seq: b + 1,
-                    done: 0,
-                    chunks: 0,
-                    part_base: 0,
-                };
-            } else {
-                cur.done += take;
+    let mut emit = |cur: &mut Cursor, take: usize, items: &mut Vec<WorkItem>, reduce: &mut Vec<ReduceItem>| {
+        let b = cur.seq;
+        let (q_start, q_end) = (qo_indptr[b], qo_indptr[b + 1]);
+        let rows = (q_end - q_start) as usize;
+        let last = cur.done + take >= blocks[b];
+        let kv_start = cur.done * g;
+        let kv_end = if last { local_lens[b] } else { (cur.done + take) * g };
+        let partial = if last && cur.chunks == 0 {
+            -1
+        } else {
+            if cur.chunks == 0 {
+                cur.part_base = num_partial_rows;
             }
+            num_partial_rows += rows;
+            (num_partial_rows - rows) as i32
         };
+        items.push(WorkItem {
+            seq: b as i32,
+            partial,
+            q_start,
+            q_end,
+            kv_start: kv_start as i32,
+            kv_end: kv_end as i32,
+        });
+        cur.chunks += 1;
+        if last {
+            if cur.chunks > 1 {
+                reduce.push(ReduceItem {
+                    q_start,
+                    q_end,
+                    part_base: cur.part_base as i32,
+                    n_parts: cur.chunks as i32,
+                });
+            }
+            *cur = Cursor {
+                seq: b + 1,
+                done: 0,
+                chunks: 0,
+                part_base: 0,
+            };
+        } else {
+            cur.done += take;
+        }
+    };
 
     // Guard the i32 casts inside `emit` once, up front.
     to_i32(
@@ -296,12 +285,7 @@ pub fn build_worklist_with(
 
 impl WorkList {
     /// Checks every invariant the kernels and the CPU emulation rely on.
-    pub fn check(
-        &self,
-        case_id: &str,
-        local_lens: &[usize],
-        qo_indptr: &[i32],
-    ) -> Result<(), PlanError> {
+    pub fn check(&self, case_id: &str, local_lens: &[usize], qo_indptr: &[i32]) -> Result<(), PlanError> {
         let case = case_id;
         let err = |what: String| Err(PlanError::new(case, what));
         let batch = local_lens.len();
@@ -343,12 +327,12 @@ impl WorkList {
             }
             let (a, e) = (it.kv_start as i64, it.kv_end as i64);
             if a < 0 || e > len || a > e || (a == e && len > 0) {
-                return err(format!("item {k}: KV [{a}, {e}) is not a non-empty part of sequence {b}'s {len} tokens"));
+                return err(format!(
+                    "item {k}: KV [{a}, {e}) is not a non-empty part of sequence {b}'s {len} tokens"
+                ));
             }
             if it.kv_start % g != 0 || (e != len && it.kv_end % g != 0) {
-                return err(format!(
-                    "item {k}: KV [{a}, {e}) is not cut at multiples of {g} tokens"
-                ));
+                return err(format!("item {k}: KV [{a}, {e}) is not cut at multiples of {g} tokens"));
             }
             per_seq[b].push(it);
         }
@@ -374,8 +358,7 @@ impl WorkList {
                 .iter()
                 .map(|it| (it.kv_start as usize, it.kv_end as usize))
                 .collect();
-            check_tiling(&ranges, local_lens[b])
-                .map_err(|e| PlanError::new(case, format!("sequence {b}: {e}")))?;
+            check_tiling(&ranges, local_lens[b]).map_err(|e| PlanError::new(case, format!("sequence {b}: {e}")))?;
             if its.len() > self.max_splits {
                 return err(format!(
                     "sequence {b} has {} chunks, more than {}",
@@ -422,9 +405,7 @@ impl WorkList {
                 n_parts: its.len() as i32,
             };
             if *r != want {
-                return err(format!(
-                    "sequence {b}: reduce item {r:?}, expected {want:?}"
-                ));
+                return err(format!("sequence {b}: reduce item {r:?}, expected {want:?}"));
             }
         }
         if self.reduce.len() != split_seqs {
@@ -434,10 +415,7 @@ impl WorkList {
             ));
         }
         if let Some(p) = used.iter().position(|&u| !u) {
-            return err(format!(
-                "partial row {p} of {} is never written",
-                self.num_partial_rows
-            ));
+            return err(format!("partial row {p} of {} is never written", self.num_partial_rows));
         }
         Ok(())
     }
@@ -448,18 +426,7 @@ impl WorkList {
         let items = self
             .items
             .iter()
-            .flat_map(|it| {
-                [
-                    it.seq,
-                    it.partial,
-                    it.q_start,
-                    it.q_end,
-                    it.kv_start,
-                    it.kv_end,
-                    0,
-                    0,
-                ]
-            })
+            .flat_map(|it| [it.seq, it.partial, it.q_start, it.q_end, it.kv_start, it.kv_end, 0, 0])
             .collect();
         let reduce = self
             .reduce
@@ -487,11 +454,7 @@ impl WorkList {
 
     /// Most chunks any sequence was cut into.
     pub fn max_chunks(&self) -> usize {
-        self.reduce
-            .iter()
-            .map(|r| r.n_parts as usize)
-            .max()
-            .unwrap_or(1)
+        self.reduce.iter().map(|r| r.n_parts as usize).max().unwrap_or(1)
     }
 
     /// CTAs with at least one item.
@@ -571,20 +534,14 @@ mod tests {
         );
         assert_eq!(wl.num_partial_rows, 6);
         assert_eq!(wl.cta_costs(), vec![41, 41, 41, 0]);
-        assert_eq!(
-            wl.to_string(),
-            "items=3 ctas=4 busy=3 splits<=3 partial_rows=6"
-        );
+        assert_eq!(wl.to_string(), "items=3 ctas=4 busy=3 splits<=3 partial_rows=6");
     }
 
     #[test]
     fn empty_sequences_still_get_one_item() {
         // Blocks [0, 1], payload ceil(41/2) + 20 = 41: both fit on CTA 0.
         let wl = build_worklist("c", &[0, 5], &uniform_qo(2, 1), 2, 16, 16).unwrap();
-        assert_eq!(
-            wl.items,
-            vec![item(0, -1, (0, 1), (0, 0)), item(1, -1, (1, 2), (0, 5))]
-        );
+        assert_eq!(wl.items, vec![item(0, -1, (0, 1), (0, 0)), item(1, -1, (1, 2), (0, 5))]);
         assert_eq!(wl.work_indptr, vec![0, 2, 2]);
     }
 
@@ -644,19 +601,12 @@ mod tests {
         let wl = build_worklist_with("c", &[64 * 16, 38 * 16], &uniform_qo(2, 1), &opts).unwrap();
         assert_eq!(
             wl.items,
-            vec![
-                item(0, -1, (0, 1), (0, 1024)),
-                item(1, -1, (1, 2), (0, 608))
-            ]
+            vec![item(0, -1, (0, 1), (0, 1024)), item(1, -1, (1, 2), (0, 608))]
         );
         assert_eq!(wl.work_indptr, vec![0, 1, 2]);
         // With 36 blocks in the second: payload 70, room for 60, tail 4: split.
         let wl = build_worklist_with("c", &[64 * 16, 36 * 16], &uniform_qo(2, 1), &opts).unwrap();
-        let kv: Vec<_> = wl
-            .items
-            .iter()
-            .map(|it| (it.seq, it.kv_start, it.kv_end))
-            .collect();
+        let kv: Vec<_> = wl.items.iter().map(|it| (it.seq, it.kv_start, it.kv_end)).collect();
         assert_eq!(kv, vec![(0, 0, 960), (0, 960, 1024), (1, 0, 576)]);
     }
 
@@ -704,11 +654,7 @@ mod tests {
 
         let mut gap = good.clone();
         gap.items[0].kv_end -= 16;
-        assert!(gap
-            .check("c", &lens, &qo)
-            .unwrap_err()
-            .what
-            .contains("sequence 0"));
+        assert!(gap.check("c", &lens, &qo).unwrap_err().what.contains("sequence 0"));
 
         let mut dup = good.clone();
         dup.items[1].partial = dup.items[0].partial;
@@ -725,11 +671,7 @@ mod tests {
         let mut lost_empty = good.clone();
         let k = lost_empty.items.iter().position(|it| it.seq == 2).unwrap();
         lost_empty.items.remove(k);
-        for p in lost_empty
-            .work_indptr
-            .iter_mut()
-            .filter(|p| **p as usize > k)
-        {
+        for p in lost_empty.work_indptr.iter_mut().filter(|p| **p as usize > k) {
             *p -= 1;
         }
         assert!(lost_empty
@@ -771,13 +713,7 @@ mod tests {
         for round in 0..400 {
             let batch = rng.gen_range(1..=128);
             let lens: Vec<usize> = (0..batch)
-                .map(|_| {
-                    if rng.gen_bool(0.05) {
-                        0
-                    } else {
-                        rng.gen_range(0..=5000)
-                    }
-                })
+                .map(|_| if rng.gen_bool(0.05) { 0 } else { rng.gen_range(0..=5000) })
                 .collect();
             let qo: Vec<i32> = if rng.gen_bool(0.5) {
                 uniform_qo(batch, rng.gen_range(1..=8))
@@ -789,19 +725,12 @@ mod tests {
                 q
             };
             let num_ctas = rng.gen_range(1..=264);
-            let wl = build_worklist("prop", &lens, &qo, num_ctas, 16, 16)
-                .unwrap_or_else(|e| panic!("round {round}: {e}"));
-            let covered: usize = wl
-                .items
-                .iter()
-                .map(|it| (it.kv_end - it.kv_start) as usize)
-                .sum();
+            let wl =
+                build_worklist("prop", &lens, &qo, num_ctas, 16, 16).unwrap_or_else(|e| panic!("round {round}: {e}"));
+            let covered: usize = wl.items.iter().map(|it| (it.kv_end - it.kv_start) as usize).sum();
             assert_eq!(covered, lens.iter().sum::<usize>(), "round {round}");
             let per_seq = |b: usize| wl.items.iter().filter(|it| it.seq as usize == b).count();
-            assert!(
-                (0..batch).all(|b| (1..=16).contains(&per_seq(b))),
-                "round {round}"
-            );
+            assert!((0..batch).all(|b| (1..=16).contains(&per_seq(b))), "round {round}");
             let bound = load_bound(&lens, &WorklistOptions::new(num_ctas));
             let costs = wl.cta_costs();
             let worst = *costs.iter().max().unwrap();
@@ -811,10 +740,7 @@ mod tests {
             );
             let total: usize = lens.iter().map(|l| l.div_ceil(16) + 20).sum();
             let last = *costs.last().unwrap();
-            assert!(
-                last <= total.div_ceil(num_ctas),
-                "round {round}: last CTA holds {last}"
-            );
+            assert!(last <= total.div_ceil(num_ctas), "round {round}: last CTA holds {last}");
         }
     }
 
@@ -828,9 +754,6 @@ mod tests {
             costs.iter().filter(|&&c| c > 0).min().unwrap(),
             costs.iter().max().unwrap(),
         );
-        assert!(
-            hi - lo <= 2 * 16,
-            "busy CTAs within two minimum chunks: {lo}..{hi}"
-        );
+        assert!(hi - lo <= 2 * 16, "busy CTAs within two minimum chunks: {lo}..{hi}");
     }
 }

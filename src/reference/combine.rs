@@ -23,12 +23,7 @@ pub fn combine(parts: &[(&[f64], &[f64])], d: usize) -> (Vec<f64>, Vec<f64>) {
 ///
 /// # Panics
 /// As [`combine`], and if `sink.len() != heads`.
-pub fn combine_with_sink(
-    parts: &[(&[f64], &[f64])],
-    d: usize,
-    heads: usize,
-    sink: &[f64],
-) -> (Vec<f64>, Vec<f64>) {
+pub fn combine_with_sink(parts: &[(&[f64], &[f64])], d: usize, heads: usize, sink: &[f64]) -> (Vec<f64>, Vec<f64>) {
     assert_eq!(sink.len(), heads, "one sink logit per head");
     merge(parts, d, Some(sink))
 }
@@ -49,32 +44,18 @@ fn merge(parts: &[(&[f64], &[f64])], d: usize, sink: Option<&[f64]>) -> (Vec<f64
     let n = first.1.len();
     for (i, (o, lse)) in parts.iter().enumerate() {
         assert_eq!(lse.len(), n, "part {i}: {} LSEs, part 0 has {n}", lse.len());
-        assert_eq!(
-            o.len(),
-            n * d,
-            "part {i}: o has {} values for {n} x {d}",
-            o.len()
-        );
+        assert_eq!(o.len(), n * d, "part {i}: o has {} values for {n} x {d}", o.len());
     }
     let mut out = vec![0f64; n * d];
     let mut lse_out = vec![f64::NEG_INFINITY; n];
     let mut w = vec![0f64; parts.len()];
     for i in 0..n {
-        let sink_i = sink
-            .map(|s| sanitize(s[i % s.len()]))
-            .unwrap_or(f64::NEG_INFINITY);
-        let m = parts
-            .iter()
-            .map(|p| sanitize(p.1[i]))
-            .fold(sink_i, f64::max);
+        let sink_i = sink.map(|s| sanitize(s[i % s.len()])).unwrap_or(f64::NEG_INFINITY);
+        let m = parts.iter().map(|p| sanitize(p.1[i])).fold(sink_i, f64::max);
         if m == f64::NEG_INFINITY {
             continue;
         }
-        let sum: f64 = parts
-            .iter()
-            .map(|p| (sanitize(p.1[i]) - m).exp())
-            .sum::<f64>()
-            + (sink_i - m).exp();
+        let sum: f64 = parts.iter().map(|p| (sanitize(p.1[i]) - m).exp()).sum::<f64>() + (sink_i - m).exp();
         let g = m + sum.ln();
         lse_out[i] = g;
         for (wr, p) in w.iter_mut().zip(parts) {
@@ -127,10 +108,7 @@ mod tests {
 
     #[test]
     fn all_empty_gives_zero_and_neg_inf() {
-        let (o, lse) = combine(
-            &[(&[f64::NAN, 1.0], &[-INF]), (&[3.0, 4.0], &[f64::NAN])],
-            2,
-        );
+        let (o, lse) = combine(&[(&[f64::NAN, 1.0], &[-INF]), (&[3.0, 4.0], &[f64::NAN])], 2);
         assert_eq!(o, vec![0.0, 0.0]);
         assert_eq!(lse, vec![-INF]);
         assert_eq!(combine(&[], 4), (vec![], vec![]));

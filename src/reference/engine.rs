@@ -80,8 +80,7 @@ pub(crate) fn attend<S: Source>(src: &S, groups: &[Group], n_slots: usize) -> (V
     let mut lse = vec![f64::NEG_INFINITY; n_slots * h];
     for (g, p) in groups.iter().zip(&parts) {
         for (k, &slot) in g.slots.iter().enumerate() {
-            o[slot * h * dv..(slot + 1) * h * dv]
-                .copy_from_slice(&p.o[k * h * dv..(k + 1) * h * dv]);
+            o[slot * h * dv..(slot + 1) * h * dv].copy_from_slice(&p.o[k * h * dv..(k + 1) * h * dv]);
             lse[slot * h..(slot + 1) * h].copy_from_slice(&p.lse[k * h..(k + 1) * h]);
         }
     }
@@ -154,9 +153,7 @@ fn span<S: Source>(src: &S, gi: usize, g: &Group, range: Range<usize>) -> Partia
             let c = g.vis[first + row / h].min(t1) - t0;
             let sr = &mut s[row * BLOCK..row * BLOCK + nb];
             // max() skips NaN; a NaN logit still poisons the row through exp().
-            let bmax = sr[..c]
-                .iter()
-                .fold(f64::NEG_INFINITY, |a, &x| a.max(x * scale));
+            let bmax = sr[..c].iter().fold(f64::NEG_INFINITY, |a, &x| a.max(x * scale));
             let new_max = run_max[row].max(bmax);
             if new_max == f64::NEG_INFINITY {
                 sr.fill(0.0);
@@ -170,9 +167,7 @@ fn span<S: Source>(src: &S, gi: usize, g: &Group, range: Range<usize>) -> Partia
             sr[c..].fill(0.0);
             let alpha = (run_max[row] - new_max).exp();
             if alpha != 1.0 {
-                acc[row * dv..(row + 1) * dv]
-                    .iter_mut()
-                    .for_each(|x| *x *= alpha);
+                acc[row * dv..(row + 1) * dv].iter_mut().for_each(|x| *x *= alpha);
             }
             run_sum[row] = run_sum[row] * alpha + sum;
             run_max[row] = new_max;

@@ -20,11 +20,7 @@ use crate::workload::{dcp, MlaWorkload};
 /// # Panics
 /// If `r >= W` or a row is out of range.
 pub fn rank(w: &MlaWorkload, r: usize, rows: &[usize], inputs: Inputs) -> Result<RefOut, NoSource> {
-    assert!(
-        r < w.p.dcp_world,
-        "rank {r} of a world of {}",
-        w.p.dcp_world
-    );
+    assert!(r < w.p.dcp_world, "rank {r} of a world of {}", w.p.dcp_world);
     run(w, Some(r), rows, inputs)
 }
 
@@ -52,12 +48,7 @@ pub fn visible(w: &MlaWorkload, row: usize) -> (usize, usize) {
     (b, (len + i + 1).saturating_sub(s_q).min(len))
 }
 
-fn run(
-    w: &MlaWorkload,
-    rank: Option<usize>,
-    rows: &[usize],
-    inputs: Inputs,
-) -> Result<RefOut, NoSource> {
+fn run(w: &MlaWorkload, rank: Option<usize>, rows: &[usize], inputs: Inputs) -> Result<RefOut, NoSource> {
     let (q, kv, q_scale, kv_scale) = match inputs {
         Inputs::Dequantized => (&w.q_vals, &w.kv_vals, w.q_scale as f64, w.kv_scale as f64),
         Inputs::Unquantized => (
@@ -161,14 +152,7 @@ mod tests {
     use crate::reference::combine::combine;
     use crate::workload::mla;
 
-    fn params(
-        ctx: Vec<usize>,
-        heads_local: usize,
-        w: usize,
-        s: usize,
-        s_q: usize,
-        dtype: Dtype,
-    ) -> MlaParams {
+    fn params(ctx: Vec<usize>, heads_local: usize, w: usize, s: usize, s_q: usize, dtype: Dtype) -> MlaParams {
         MlaParams {
             batch: ctx.len(),
             ctx,
@@ -184,25 +168,13 @@ mod tests {
     }
 
     /// Two-pass scalar attention straight from SPEC §1, for comparison.
-    fn naive(
-        w: &MlaWorkload,
-        rank: Option<usize>,
-        row: usize,
-        inputs: Inputs,
-    ) -> (Vec<f64>, Vec<f64>) {
+    fn naive(w: &MlaWorkload, rank: Option<usize>, row: usize, inputs: Inputs) -> (Vec<f64>, Vec<f64>) {
         let (q, kv, qs, ks) = match inputs {
             Inputs::Dequantized => (&w.q_vals, &w.kv_vals, w.q_scale as f64, w.kv_scale as f64),
-            Inputs::Unquantized => (
-                w.q_src.as_ref().unwrap(),
-                w.kv_src.as_ref().unwrap(),
-                1.0,
-                1.0,
-            ),
+            Inputs::Unquantized => (w.q_src.as_ref().unwrap(), w.kv_src.as_ref().unwrap(), 1.0, 1.0),
         };
         let h = w.heads();
-        let b = (0..w.p.batch)
-            .find(|&b| row < w.qo_indptr[b + 1] as usize)
-            .unwrap();
+        let b = (0..w.p.batch).find(|&b| row < w.qo_indptr[b + 1] as usize).unwrap();
         let len = w.p.ctx[b];
         let q_g = len as i64 - w.p.s_q as i64 + (row - w.qo_indptr[b] as usize) as i64;
         let (ww, s) = (w.p.dcp_world, w.p.interleave);
@@ -221,13 +193,7 @@ mod tests {
                 .iter()
                 .map(|&g| {
                     let kr = &kv[(w.g_kv_indptr[b] as usize + g) * MLA_D_QK..][..MLA_D_QK];
-                    qv.iter()
-                        .zip(kr)
-                        .map(|(&a, &c)| a as f64 * c as f64)
-                        .sum::<f64>()
-                        * w.p.sm_scale
-                        * qs
-                        * ks
+                    qv.iter().zip(kr).map(|(&a, &c)| a as f64 * c as f64).sum::<f64>() * w.p.sm_scale * qs * ks
                 })
                 .collect();
             if logits.is_empty() {
@@ -253,10 +219,7 @@ mod tests {
             if x == f64::NEG_INFINITY || y == f64::NEG_INFINITY {
                 assert_eq!(x, y, "{what}[{i}]");
             } else {
-                assert!(
-                    (x - y).abs() <= tol * y.abs().max(1.0),
-                    "{what}[{i}]: {x} vs {y}"
-                );
+                assert!((x - y).abs() <= tol * y.abs().max(1.0), "{what}[{i}]: {x} vs {y}");
             }
         }
     }
@@ -280,11 +243,7 @@ mod tests {
         assert!((out.lse[0] - z.ln()).abs() < 1e-15);
         assert!((out.lse[0] - 4f64.ln()).abs() < 1e-6);
         assert!((out.o[0] - e / z * k1).abs() < 1e-12, "{}", out.o[0]);
-        assert!(
-            (out.o[1] - (2.0 + 6.0 * e) / z).abs() < 1e-12,
-            "{}",
-            out.o[1]
-        );
+        assert!((out.o[1] - (2.0 + 6.0 * e) / z).abs() < 1e-12, "{}", out.o[1]);
         assert!((out.o[1] - 5.0).abs() < 1e-5);
         assert!(out.o[2..].iter().all(|&x| x == 0.0));
         assert_eq!(out.flops, 2.0 * 1.0 * 1088.0 * 2.0);
@@ -298,16 +257,11 @@ mod tests {
         for d in 0..MLA_D_V {
             assert_eq!(out.o[d], w.kv_vals[d] as f64 * w.kv_scale as f64);
         }
-        let dot: f64 = (0..MLA_D_QK)
-            .map(|d| w.q_vals[d] as f64 * w.kv_vals[d] as f64)
-            .sum();
+        let dot: f64 = (0..MLA_D_QK).map(|d| w.q_vals[d] as f64 * w.kv_vals[d] as f64).sum();
         let lse = dot * w.p.sm_scale * w.q_scale as f64 * w.kv_scale as f64;
         assert!((out.lse[0] - lse).abs() < 1e-12 * lse.abs().max(1.0));
         w.kv_scale *= 2.0;
-        assert_ne!(
-            full(&w, &[0], Inputs::Dequantized).unwrap().lse[0],
-            out.lse[0]
-        );
+        assert_ne!(full(&w, &[0], Inputs::Dequantized).unwrap().lse[0], out.lse[0]);
     }
 
     #[test]
@@ -327,12 +281,8 @@ mod tests {
             assert_close(&out.lse[row * h..][..h], &lse, 1e-12, "lse");
         }
         // Rows 3 and 4 see nothing: o = 0, lse = -inf, never NaN.
-        assert!(out.lse[3 * h..5 * h]
-            .iter()
-            .all(|&x| x == f64::NEG_INFINITY));
-        assert!(out.o[3 * h * MLA_D_V..5 * h * MLA_D_V]
-            .iter()
-            .all(|&x| x == 0.0));
+        assert!(out.lse[3 * h..5 * h].iter().all(|&x| x == f64::NEG_INFINITY));
+        assert!(out.o[3 * h * MLA_D_V..5 * h * MLA_D_V].iter().all(|&x| x == 0.0));
         assert_eq!(out.flops, 2.0 * h as f64 * 1088.0 * (2 + 3 + 4 + 1) as f64);
     }
 
@@ -352,12 +302,7 @@ mod tests {
                     1e-12,
                     &format!("o r{r} row{row}"),
                 );
-                assert_close(
-                    &out.lse[k * h..][..h],
-                    &lse,
-                    1e-12,
-                    &format!("lse r{r} row{row}"),
-                );
+                assert_close(&out.lse[k * h..][..h], &lse, 1e-12, &format!("lse r{r} row{row}"));
             }
         }
     }
@@ -375,17 +320,13 @@ mod tests {
                     let parts: Vec<RefOut> = (0..ww)
                         .map(|r| rank(&w, r, &rows, Inputs::Dequantized).unwrap())
                         .collect();
-                    let refs: Vec<(&[f64], &[f64])> =
-                        parts.iter().map(|p| (&p.o[..], &p.lse[..])).collect();
+                    let refs: Vec<(&[f64], &[f64])> = parts.iter().map(|p| (&p.o[..], &p.lse[..])).collect();
                     let (o, lse) = combine(&refs, MLA_D_V);
                     let what = format!("W{ww} S{s} s_q{s_q}");
                     assert_close(&o, &full.o, 1e-12, &what);
                     assert_close(&lse, &full.lse, 1e-12, &what);
                     let rank_flops: f64 = parts.iter().map(|p| p.flops).sum();
-                    assert_eq!(
-                        rank_flops, full.flops,
-                        "{what}: every visible token counted once"
-                    );
+                    assert_eq!(rank_flops, full.flops, "{what}: every visible token counted once");
                 }
             }
         }
@@ -413,22 +354,14 @@ mod tests {
     fn unquantized_needs_an_fp8_source() {
         let wb = mla::build(&params(vec![9], 2, 1, 1, 1, Dtype::Bf16), 5).unwrap();
         assert_eq!(full(&wb, &[0], Inputs::Unquantized).unwrap_err(), NoSource);
-        assert_eq!(
-            rank(&wb, 0, &[0], Inputs::Unquantized).unwrap_err(),
-            NoSource
-        );
+        assert_eq!(rank(&wb, 0, &[0], Inputs::Unquantized).unwrap_err(), NoSource);
         let w = mla::build(&params(vec![90], 2, 1, 1, 1, Dtype::Fp8), 5).unwrap();
         let src = full(&w, &[0], Inputs::Unquantized).unwrap();
         let deq = full(&w, &[0], Inputs::Dequantized).unwrap();
         let (o, lse) = naive(&w, None, 0, Inputs::Unquantized);
         assert_close(&src.o, &o, 1e-12, "o");
         assert_close(&src.lse, &lse, 1e-12, "lse");
-        let diff = src
-            .o
-            .iter()
-            .zip(&deq.o)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0, f64::max);
+        let diff = src.o.iter().zip(&deq.o).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
         assert!(
             diff > 1e-6 && diff < 0.5,
             "quantization noise is visible but small: {diff}"

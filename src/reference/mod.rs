@@ -76,8 +76,7 @@ impl RefOut {
 pub fn sample_rows(total: usize, n: Option<usize>, seed: u64) -> Vec<usize> {
     match n {
         Some(n) if n < total => {
-            let mut rows =
-                index::sample(&mut rng::stream(seed, "check_rows", 0), total, n).into_vec();
+            let mut rows = index::sample(&mut rng::stream(seed, "check_rows", 0), total, n).into_vec();
             rows.sort_unstable();
             rows
         }

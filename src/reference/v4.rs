@@ -65,10 +65,7 @@ pub fn split_partials(w: &V4Workload, rows: &[usize], n: usize) -> Vec<RefOut> {
                 o.extend(p.o);
                 lse.extend(p.lse);
             }
-            let tokens: usize = groups
-                .iter()
-                .map(|g| split_range(g.max_vis(), s, n).len())
-                .sum();
+            let tokens: usize = groups.iter().map(|g| split_range(g.max_vis(), s, n).len()).sum();
             RefOut {
                 rows: rows.to_vec(),
                 heads: w.heads,
@@ -187,13 +184,7 @@ mod tests {
             let logits: Vec<f64> = w
                 .row_list(row)
                 .iter()
-                .map(|&p| {
-                    qv.iter()
-                        .zip(kv(p))
-                        .map(|(&a, &b)| a as f64 * b as f64)
-                        .sum::<f64>()
-                        * w.p.sm_scale
-                })
+                .map(|&p| qv.iter().zip(kv(p)).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() * w.p.sm_scale)
                 .collect();
             let sink = w.sink[hh] as f64;
             let m = logits.iter().cloned().fold(sink, f64::max);
@@ -211,10 +202,7 @@ mod tests {
     fn assert_close(a: &[f64], b: &[f64], tol: f64, what: &str) {
         assert_eq!(a.len(), b.len(), "{what}: lengths");
         for (i, (&x, &y)) in a.iter().zip(b).enumerate() {
-            assert!(
-                (x - y).abs() <= tol * y.abs().max(1.0),
-                "{what}[{i}]: {x} vs {y}"
-            );
+            assert!((x - y).abs() <= tol * y.abs().max(1.0), "{what}[{i}]: {x} vs {y}");
         }
     }
 
@@ -228,12 +216,7 @@ mod tests {
                 let per = w.heads * V4_D;
                 for &row in &rows[..w.p.rows] {
                     let (o, lse) = naive(&w, row, inputs);
-                    assert_close(
-                        &out.o[row * per..][..per],
-                        &o,
-                        1e-12,
-                        &format!("{layer} o row {row}"),
-                    );
+                    assert_close(&out.o[row * per..][..per], &o, 1e-12, &format!("{layer} o row {row}"));
                     assert_close(
                         &out.lse[row * w.heads..][..w.heads],
                         &lse,
@@ -251,16 +234,11 @@ mod tests {
         assert_eq!(w.heads, 16);
         let out = attend(&w, &[3, 2, 0], Inputs::Dequantized);
         for k in 0..2 {
-            assert!(out.o[k * 16 * V4_D..(k + 1) * 16 * V4_D]
-                .iter()
-                .all(|&x| x == 0.0));
+            assert!(out.o[k * 16 * V4_D..(k + 1) * 16 * V4_D].iter().all(|&x| x == 0.0));
             let sink: Vec<f64> = w.sink.iter().map(|&s| s as f64).collect();
             assert_eq!(out.lse[k * 16..(k + 1) * 16], sink[..]);
         }
-        assert!(
-            out.lse[2 * 16] > w.sink[0] as f64,
-            "a real row adds to the sink"
-        );
+        assert!(out.lse[2 * 16] > w.sink[0] as f64, "a real row adds to the sink");
         assert_eq!(out.flops, 2.0 * 16.0 * 1024.0 * 11.0);
     }
 
@@ -282,8 +260,7 @@ mod tests {
         for n in [1, 3, 16] {
             let parts = split_partials(&w, &rows, n);
             assert_eq!(parts.len(), n);
-            let refs: Vec<(&[f64], &[f64])> =
-                parts.iter().map(|p| (&p.o[..], &p.lse[..])).collect();
+            let refs: Vec<(&[f64], &[f64])> = parts.iter().map(|p| (&p.o[..], &p.lse[..])).collect();
             let (o, lse) = combine_with_sink(&refs, V4_D, w.heads, &sink);
             assert_close(&o, &full.o, 1e-12, &format!("o n={n}"));
             assert_close(&lse, &full.lse, 1e-12, &format!("lse n={n}"));

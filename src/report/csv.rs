@@ -52,8 +52,7 @@ pub fn render(rows: &[Row]) -> anyhow::Result<Vec<u8>> {
     for r in rows {
         w.write_record(record(r))?;
     }
-    w.into_inner()
-        .map_err(|e| anyhow::anyhow!("csv: {}", e.error()))
+    w.into_inner().map_err(|e| anyhow::anyhow!("csv: {}", e.error()))
 }
 
 fn num(x: Option<f64>) -> String {
@@ -137,12 +136,7 @@ mod tests {
     #[test]
     fn header_and_every_line_have_the_fixed_width() {
         let rows = vec![
-            row(
-                "mla-b4-sq2-dcp8,odd \"id\"",
-                "ps1",
-                Status::Pass,
-                "cuda-events",
-            ),
+            row("mla-b4-sq2-dcp8,odd \"id\"", "ps1", Status::Pass, "cuda-events"),
             skipped("mla-b4", "page64"),
         ];
         let (header, lines) = parse(&render(&rows).unwrap());

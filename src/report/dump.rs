@@ -93,10 +93,8 @@ pub fn write_safetensors(
             .with_context(|| format!("dump {}: tensor `{}`", path.display(), t.name))?;
         views.push((t.name.as_str(), view));
     }
-    let info: Option<HashMap<String, String>> =
-        (!metadata.is_empty()).then(|| metadata.into_iter().collect());
-    let file = safetensors::serialize(views, &info)
-        .with_context(|| format!("serializing {}", path.display()))?;
+    let info: Option<HashMap<String, String>> = (!metadata.is_empty()).then(|| metadata.into_iter().collect());
+    let file = safetensors::serialize(views, &info).with_context(|| format!("serializing {}", path.display()))?;
     write_atomic(path, &file)
 }
 
@@ -156,12 +154,7 @@ mod tests {
             let got = st.tensor(&want.name).unwrap();
             assert_eq!(got.dtype(), want.data.dtype(), "{}", want.name);
             assert_eq!(got.shape(), want.shape.as_slice(), "{}", want.name);
-            assert_eq!(
-                got.data(),
-                want.data.to_le_bytes().as_slice(),
-                "{}",
-                want.name
-            );
+            assert_eq!(got.data(), want.data.to_le_bytes().as_slice(), "{}", want.name);
         }
         let back: Vec<f32> = st
             .tensor("out.o")
@@ -172,21 +165,14 @@ mod tests {
             .collect();
         assert_eq!(back[0], 1.5);
         assert!(back[2].is_nan());
-        assert_eq!(
-            st.tensor("kv_indices").unwrap().data()[4..8],
-            (-1i32).to_le_bytes()
-        );
+        assert_eq!(st.tensor("kv_indices").unwrap().data()[4..8], (-1i32).to_le_bytes());
         let (_, header) = SafeTensors::read_metadata(&buf).unwrap();
         assert_eq!(header.metadata().as_ref().unwrap()["case"], "mla-b4/ps1");
         let leftovers: Vec<_> = std::fs::read_dir(dir.path())
             .unwrap()
             .map(|e| e.unwrap().file_name())
             .collect();
-        assert_eq!(
-            leftovers.len(),
-            1,
-            "no temp file left behind: {leftovers:?}"
-        );
+        assert_eq!(leftovers.len(), 1, "no temp file left behind: {leftovers:?}");
     }
 
     #[test]
@@ -199,9 +185,7 @@ mod tests {
             shape: vec![2, 2],
             data: DumpData::F32(&v),
         }];
-        let err = write_safetensors(&path, &bad, BTreeMap::new())
-            .unwrap_err()
-            .to_string();
+        let err = write_safetensors(&path, &bad, BTreeMap::new()).unwrap_err().to_string();
         assert!(err.contains("shape [2, 2] (4 elements) but 3"), "{err}");
         let dup = [
             DumpTensor {
@@ -225,9 +209,6 @@ mod tests {
     #[test]
     fn dump_paths_are_single_file_names() {
         let p = dump_path(Path::new("dumps"), "mla/b4 ctx=8k:s*", "ps1");
-        assert_eq!(
-            p,
-            Path::new("dumps").join("mla_b4_ctx=8k_s___ps1.safetensors")
-        );
+        assert_eq!(p, Path::new("dumps").join("mla_b4_ctx=8k_s___ps1.safetensors"));
     }
 }

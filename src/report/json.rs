@@ -121,19 +121,10 @@ impl ser::Serializer for ValueSerializer {
     fn serialize_unit_struct(self, _name: &'static str) -> Result<Value, Error> {
         Ok(Value::Null)
     }
-    fn serialize_unit_variant(
-        self,
-        _name: &'static str,
-        _index: u32,
-        variant: &'static str,
-    ) -> Result<Value, Error> {
+    fn serialize_unit_variant(self, _name: &'static str, _index: u32, variant: &'static str) -> Result<Value, Error> {
         Ok(Value::String(variant.to_string()))
     }
-    fn serialize_newtype_struct<T: Serialize + ?Sized>(
-        self,
-        _name: &'static str,
-        v: &T,
-    ) -> Result<Value, Error> {
+    fn serialize_newtype_struct<T: Serialize + ?Sized>(self, _name: &'static str, v: &T) -> Result<Value, Error> {
         v.serialize(self)
     }
     fn serialize_newtype_variant<T: Serialize + ?Sized>(
@@ -286,11 +277,7 @@ impl ser::SerializeMap for MapState {
 impl ser::SerializeStruct for MapState {
     type Ok = Value;
     type Error = Error;
-    fn serialize_field<T: Serialize + ?Sized>(
-        &mut self,
-        key: &'static str,
-        v: &T,
-    ) -> Result<(), Error> {
+    fn serialize_field<T: Serialize + ?Sized>(&mut self, key: &'static str, v: &T) -> Result<(), Error> {
         self.map.insert(key.to_string(), to_value(v)?);
         Ok(())
     }
@@ -307,11 +294,7 @@ struct VariantMapState {
 impl ser::SerializeStructVariant for VariantMapState {
     type Ok = Value;
     type Error = Error;
-    fn serialize_field<T: Serialize + ?Sized>(
-        &mut self,
-        key: &'static str,
-        v: &T,
-    ) -> Result<(), Error> {
+    fn serialize_field<T: Serialize + ?Sized>(&mut self, key: &'static str, v: &T) -> Result<(), Error> {
         self.map.insert(key.to_string(), to_value(v)?);
         Ok(())
     }
@@ -357,10 +340,7 @@ mod tests {
     fn finite_values_match_serde_json_exactly() {
         let r = row("mla-b4", "ps1", Status::Pass, "cuda-graph");
         assert_eq!(to_value(&r).unwrap(), serde_json::to_value(&r).unwrap());
-        assert_eq!(
-            to_value(&meta()).unwrap(),
-            serde_json::to_value(meta()).unwrap()
-        );
+        assert_eq!(to_value(&meta()).unwrap(), serde_json::to_value(meta()).unwrap());
     }
 
     #[derive(Serialize)]
@@ -392,10 +372,7 @@ mod tests {
             keyed,
             ('c', (), Some(1i64), None::<u8>),
         );
-        assert_eq!(
-            to_value(&shapes).unwrap(),
-            serde_json::to_value(&shapes).unwrap()
-        );
+        assert_eq!(to_value(&shapes).unwrap(), serde_json::to_value(&shapes).unwrap());
         let v = to_value(&Shape::Struct { x: f64::NAN }).unwrap();
         assert_eq!(v, serde_json::json!({"Struct": {"x": "NaN"}}));
         assert_eq!(to_value(&f32::NEG_INFINITY).unwrap(), "-Infinity");

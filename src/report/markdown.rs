@@ -33,11 +33,7 @@ fn header(s: &mut String, meta: &RunMeta) {
         d.l2_bytes >> 20
     );
     let _ = writeln!(s, "- backend: {}", meta.backend);
-    let _ = writeln!(
-        s,
-        "- started: {} (mlabench {})",
-        meta.started, meta.mlabench_version
-    );
+    let _ = writeln!(s, "- started: {} (mlabench {})", meta.started, meta.mlabench_version);
     let _ = writeln!(s, "- command: {}", code(&meta.command));
     let _ = writeln!(s, "- scenarios: {}", meta.scenarios.join(", "));
     let checked = match meta.check_rows {
@@ -130,12 +126,8 @@ fn results(s: &mut String, rows: &[Row]) {
 
 fn ceilings(s: &mut String, meta: &RunMeta) {
     let d = &meta.device;
-    let measured = |x: Option<f64>, unit: &str| {
-        x.map_or_else(
-            || "not measured".to_string(),
-            |v| format!("{} {unit}", sig3(v)),
-        )
-    };
+    let measured =
+        |x: Option<f64>, unit: &str| x.map_or_else(|| "not measured".to_string(), |v| format!("{} {unit}", sig3(v)));
     let _ = writeln!(s, "## Device ceilings\n");
     let _ = writeln!(
         s,
@@ -148,11 +140,7 @@ fn ceilings(s: &mut String, meta: &RunMeta) {
         "| copy bandwidth (read + write) | {} |",
         measured(d.copy_gbps, "GB/s")
     );
-    let _ = writeln!(
-        s,
-        "| dense tensor rate | {} |",
-        measured(d.tensor_tflops, "TFLOP/s")
-    );
+    let _ = writeln!(s, "| dense tensor rate | {} |", measured(d.tensor_tflops, "TFLOP/s"));
     let _ = writeln!(
         s,
         "| f64 CPU reference | {} |",
@@ -203,8 +191,7 @@ mod tests {
             .find(|l| l.starts_with("| mla-bad | page64 | **FAIL**"))
             .expect("failure row");
         assert!(fail_line.contains("o: cos_diff 3.1e-2 > 1e-5"));
-        assert!(fail_line
-            .contains("`mlabench run scenarios/smoke.toml --case mla-bad --variant page64`"));
+        assert!(fail_line.contains("`mlabench run scenarios/smoke.toml --case mla-bad --variant page64`"));
         let fail_at = md.find(fail_line).unwrap();
         let results_at = md.find("## Results").unwrap();
         assert!(fail_at < results_at, "failures precede the results table");

@@ -118,13 +118,7 @@ pub fn lse_error(row: &Row) -> Option<f64> {
         .iter()
         .filter(|c| c.level == "kernel" && is_lse(c))
         .map(|c| c.metrics.max_abs)
-        .reduce(|a, b| {
-            if a.is_nan() || b.is_nan() {
-                f64::NAN
-            } else {
-                a.max(b)
-            }
-        })
+        .reduce(|a, b| if a.is_nan() || b.is_nan() { f64::NAN } else { a.max(b) })
 }
 
 /// The timed region `kernel` or `variant`, when it was timed.
@@ -140,9 +134,7 @@ pub fn clock(row: &Row) -> Option<&str> {
 /// Whether any timing in the rows comes from the host wall clock, which
 /// says nothing about GPU speed and must be labelled so.
 pub fn has_cpu_timings(rows: &[Row]) -> bool {
-    rows.iter()
-        .flat_map(|r| &r.latency)
-        .any(|l| l.clock == "cpu-wall")
+    rows.iter().flat_map(|r| &r.latency).any(|l| l.clock == "cpu-wall")
 }
 
 /// Header for CPU-wall timings.
@@ -229,10 +221,7 @@ pub(crate) mod testutil {
                 check("o", if pass { 2e-7 } else { 3.1e-2 }, 3e-3, pass),
                 check("lse", 0.0, 4e-5, true),
             ],
-            latency: vec![
-                latency("kernel", clock, 0.021),
-                latency("variant", clock, 0.025),
-            ],
+            latency: vec![latency("kernel", clock, 0.021), latency("variant", clock, 0.025)],
             bytes: 1.5e8,
             flops: 2.0e10,
             gbps: Some(4000.0),
@@ -240,9 +229,7 @@ pub(crate) mod testutil {
             frac_bw: Some(0.9),
             frac_tc: Some(0.2),
             params,
-            repro: format!(
-                "mlabench run scenarios/smoke.toml --case {case_id} --variant {variant}"
-            ),
+            repro: format!("mlabench run scenarios/smoke.toml --case {case_id} --variant {variant}"),
         }
     }
 

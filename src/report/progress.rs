@@ -24,11 +24,9 @@ impl Progress {
             ProgressDrawTarget::hidden()
         };
         let bar = ProgressBar::with_draw_target(Some(total), target);
-        let style = ProgressStyle::with_template(
-            "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {wide_msg}",
-        )
-        .expect("the template is valid")
-        .progress_chars("=> ");
+        let style = ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {wide_msg}")
+            .expect("the template is valid")
+            .progress_chars("=> ");
         bar.set_style(style);
         Progress { bar }
     }

@@ -107,8 +107,7 @@ pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
         let _ = fs::remove_file(&tmp);
         return Err(e).with_context(|| format!("writing {}", tmp.display()));
     }
-    fs::rename(&tmp, path)
-        .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
+    fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
 }
 
 #[cfg(test)]
@@ -131,17 +130,13 @@ mod tests {
     fn files_follow_every_push() {
         let root = tempfile::tempdir().unwrap();
         let mut dir = RunDir::create(&root.path().join("results"), meta()).unwrap();
-        assert_eq!(
-            dir.path(),
-            root.path().join("results").join("20250101-000000")
-        );
+        assert_eq!(dir.path(), root.path().join("results").join("20250101-000000"));
         assert_eq!(csv_data_lines(&dir), 0);
         assert!(fs::read_to_string(dir.path().join(SUMMARY_MD))
             .unwrap()
             .contains("0 passed"));
 
-        dir.push(row("mla-a", "ps1", Status::Pass, "cuda-events"))
-            .unwrap();
+        dir.push(row("mla-a", "ps1", Status::Pass, "cuda-events")).unwrap();
         assert_eq!(csv_data_lines(&dir), 1);
         dir.push(skipped("mla-a", "page64")).unwrap();
         assert_eq!(csv_data_lines(&dir), 2);
@@ -150,10 +145,7 @@ mod tests {
             .unwrap()
             .contains("1 passed, 0 failed, 1 skipped"));
 
-        assert_eq!(
-            json_rows(&dir)["meta"]["reference_gflops"],
-            serde_json::Value::Null
-        );
+        assert_eq!(json_rows(&dir)["meta"]["reference_gflops"], serde_json::Value::Null);
         dir.finish(|m| m.reference_gflops = Some(3.5)).unwrap();
         assert_eq!(json_rows(&dir)["meta"]["reference_gflops"], 3.5);
         assert_eq!(dir.rows().len(), 2);
@@ -174,12 +166,8 @@ mod tests {
     fn never_overwrites_a_run_and_rejects_path_like_ids() {
         let root = tempfile::tempdir().unwrap();
         let mut dir = RunDir::create(root.path(), meta()).unwrap();
-        dir.push(row("mla-a", "ps1", Status::Pass, "cuda-events"))
-            .unwrap();
-        let err = RunDir::create(root.path(), meta())
-            .err()
-            .unwrap()
-            .to_string();
+        dir.push(row("mla-a", "ps1", Status::Pass, "cuda-events")).unwrap();
+        let err = RunDir::create(root.path(), meta()).err().unwrap().to_string();
         assert!(err.contains("already exists"), "{err}");
         assert_eq!(csv_data_lines(&dir), 1, "the first run's rows survive");
         let mut m = meta();

@@ -3,9 +3,7 @@
 //! when the caller says stdout is a terminal.
 
 use comfy_table::presets::UTF8_FULL_CONDENSED;
-use comfy_table::{
-    Attribute, Cell, CellAlignment, Color, ColumnConstraint, ContentArrangement, Table, Width,
-};
+use comfy_table::{Attribute, Cell, CellAlignment, Color, ColumnConstraint, ContentArrangement, Table, Width};
 
 use super::format::{clip, duration_ms, duration_range_ms, percent, sci, sig3};
 use super::{clock, has_cpu_timings, latency, lse_error, worst_output, Counts, CPU_TIMINGS};
@@ -57,11 +55,7 @@ fn new_table(look: Look, header: &[&str]) -> Table {
         t.set_width(w);
     }
     t.set_content_arrangement(ContentArrangement::Dynamic);
-    t.set_header(
-        header
-            .iter()
-            .map(|h| Cell::new(h).add_attribute(Attribute::Bold)),
-    );
+    t.set_header(header.iter().map(|h| Cell::new(h).add_attribute(Attribute::Bold)));
     t
 }
 
@@ -180,10 +174,7 @@ fn latencies(rows: &[Row], look: Look) -> (String, Option<Table>) {
     let title = if has_cpu_timings(rows) {
         format!("{CPU_TIMINGS}; clock: {}", clocks.join(", "))
     } else {
-        format!(
-            "Latency and throughput (medians; clock: {})",
-            clocks.join(", ")
-        )
+        format!("Latency and throughput (medians; clock: {})", clocks.join(", "))
     };
     let mixed = clocks.len() > 1;
     let mut header = vec![
@@ -256,14 +247,8 @@ mod tests {
         ];
         let text = errors(&rows, plain(100)).to_string();
         assert!(!text.contains('\u{1b}'), "no escape codes when not a tty");
-        let fail_line = text
-            .lines()
-            .find(|l| l.contains("FAIL"))
-            .expect("a FAIL line");
-        assert!(
-            fail_line.contains(LONG_ID),
-            "the id sits whole on the FAIL line"
-        );
+        let fail_line = text.lines().find(|l| l.contains("FAIL")).expect("a FAIL line");
+        assert!(fail_line.contains(LONG_ID), "the id sits whole on the FAIL line");
         assert!(fail_line.contains("rejected (forced); o:"), "{fail_line}");
         assert!(fail_line.contains("3.10e-2"));
         assert!(text
@@ -293,10 +278,7 @@ mod tests {
 
     #[test]
     fn cpu_timings_are_labelled() {
-        let rows = vec![
-            row("a", "ps1", Status::Pass, "cpu-wall"),
-            skipped("b", "page64"),
-        ];
+        let rows = vec![row("a", "ps1", Status::Pass, "cpu-wall"), skipped("b", "page64")];
         let (title, table) = latencies(&rows, plain(200));
         assert!(title.starts_with(CPU_TIMINGS), "{title}");
         let text = table.unwrap().to_string();
@@ -326,9 +308,7 @@ mod tests {
             row("b", "ps1", Status::Pass, "cuda-graph"),
         ];
         let text = latencies(&rows, plain(200)).1.unwrap().to_string();
-        assert!(text
-            .lines()
-            .any(|l| l.contains(" b ") && l.contains("cuda-graph")));
+        assert!(text.lines().any(|l| l.contains(" b ") && l.contains("cuda-graph")));
         assert_eq!(
             latency_table(&[skipped("a", "ps1")], false),
             "Latency and throughput: no row was timed"
@@ -341,9 +321,6 @@ mod tests {
             row("a", "ps1", Status::Pass, "cpu-wall"),
             row("b", "ps1", Status::Error, "cpu-wall"),
         ];
-        assert_eq!(
-            summary_line(&rows),
-            "1 passed, 0 failed, 0 skipped, 1 errors"
-        );
+        assert_eq!(summary_line(&rows), "1 passed, 0 failed, 0 skipped, 1 errors");
     }
 }

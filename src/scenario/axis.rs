@@ -15,7 +15,10 @@ pub fn usize_axis(v: &Value, key: &str, min: usize) -> Result<Vec<usize>, String
         match x {
             Value::Integer(i) if *i >= min as i64 => Ok(*i as usize),
             Value::Integer(i) => Err(format!("key `{key}`: {i} is below the minimum {min}")),
-            other => Err(format!("key `{key}`: expected an integer or a list of integers, got {}", describe(other))),
+            other => Err(format!(
+                "key `{key}`: expected an integer or a list of integers, got {}",
+                describe(other)
+            )),
         }
     };
     match v {
@@ -30,7 +33,10 @@ pub fn str_axis<T>(v: &Value, key: &str, parse: impl Fn(&str) -> Result<T, Strin
     let one = |x: &Value| -> Result<T, String> {
         match x {
             Value::String(s) => parse(s).map_err(|e| format!("key `{key}`: {e}")),
-            other => Err(format!("key `{key}`: expected a string or a list of strings, got {}", describe(other))),
+            other => Err(format!(
+                "key `{key}`: expected a string or a list of strings, got {}",
+                describe(other)
+            )),
         }
     };
     match v {

@@ -19,7 +19,11 @@ pub enum LengthSpec {
     Fixed(usize),
     /// Sequence `b` gets `list[b % len]`.
     PerSeq(Vec<usize>),
-    Random { min: usize, max: usize, dist: Dist },
+    Random {
+        min: usize,
+        max: usize,
+        dist: Dist,
+    },
 }
 
 impl LengthSpec {
@@ -87,7 +91,10 @@ impl LengthSpec {
 fn int(v: &Value, what: &str) -> Result<usize, String> {
     match v {
         Value::Integer(i) if *i >= 0 => Ok(*i as usize),
-        other => Err(format!("{what}: expected a non-negative integer, got {}", describe(other))),
+        other => Err(format!(
+            "{what}: expected a non-negative integer, got {}",
+            describe(other)
+        )),
     }
 }
 
@@ -108,35 +115,57 @@ fn element(v: &Value, key: &str) -> Result<Vec<LengthSpec>, String> {
         }
     };
     if t.len() != 1 {
-        return Err(format!("key `{key}`: a length table has exactly one of `list`, `range`, `random`; got {}", table_keys(t)));
+        return Err(format!(
+            "key `{key}`: a length table has exactly one of `list`, `range`, `random`; got {}",
+            table_keys(t)
+        ));
     }
     let (kind, body) = t.iter().next().expect("one entry");
     match (kind.as_str(), body) {
         ("list", Value::Array(a)) if !a.is_empty() => {
-            let v = a.iter().map(|x| int(x, &format!("key `{key}.list`"))).collect::<Result<Vec<_>, _>>()?;
+            let v = a
+                .iter()
+                .map(|x| int(x, &format!("key `{key}.list`")))
+                .collect::<Result<Vec<_>, _>>()?;
             Ok(vec![LengthSpec::PerSeq(v)])
         }
         ("list", _) => Err(format!("key `{key}.list`: expected a non-empty list of integers")),
         ("range", Value::Table(r)) => {
-            let get = |k: &str| r.get(k).ok_or_else(|| format!("key `{key}.range.{k}` is missing")).and_then(|x| int(x, &format!("key `{key}.range.{k}`")));
+            let get = |k: &str| {
+                r.get(k)
+                    .ok_or_else(|| format!("key `{key}.range.{k}` is missing"))
+                    .and_then(|x| int(x, &format!("key `{key}.range.{k}`")))
+            };
             if let Some(bad) = r.keys().find(|k| !["start", "end", "step"].contains(&k.as_str())) {
-                return Err(format!("key `{key}.range`: unknown key `{bad}` (expected start, end, step)"));
+                return Err(format!(
+                    "key `{key}.range`: unknown key `{bad}` (expected start, end, step)"
+                ));
             }
             let (start, end) = (get("start")?, get("end")?);
             let step = if r.contains_key("step") { get("step")? } else { 1 };
             if step == 0 || end < start {
-                return Err(format!("key `{key}.range`: need step >= 1 and end >= start (got start {start}, end {end}, step {step})"));
+                return Err(format!(
+                    "key `{key}.range`: need step >= 1 and end >= start (got start {start}, end {end}, step {step})"
+                ));
             }
             if (end - start) / step >= 256 {
-                return Err(format!("key `{key}.range`: expands to more than 256 values; use a larger step or `random`"));
+                return Err(format!(
+                    "key `{key}.range`: expands to more than 256 values; use a larger step or `random`"
+                ));
             }
             Ok((start..=end).step_by(step).map(LengthSpec::Fixed).collect())
         }
         ("random", Value::Table(r)) => {
             if let Some(bad) = r.keys().find(|k| !["min", "max", "dist"].contains(&k.as_str())) {
-                return Err(format!("key `{key}.random`: unknown key `{bad}` (expected min, max, dist)"));
+                return Err(format!(
+                    "key `{key}.random`: unknown key `{bad}` (expected min, max, dist)"
+                ));
             }
-            let get = |k: &str| r.get(k).ok_or_else(|| format!("key `{key}.random.{k}` is missing")).and_then(|x| int(x, &format!("key `{key}.random.{k}`")));
+            let get = |k: &str| {
+                r.get(k)
+                    .ok_or_else(|| format!("key `{key}.random.{k}` is missing"))
+                    .and_then(|x| int(x, &format!("key `{key}.random.{k}`")))
+            };
             let (min, max) = (get("min")?, get("max")?);
             if max < min {
                 return Err(format!("key `{key}.random`: max {max} < min {min}"));
@@ -144,11 +173,17 @@ fn element(v: &Value, key: &str) -> Result<Vec<LengthSpec>, String> {
             let dist = match r.get("dist").map(|d| d.as_str()) {
                 None | Some(Some("uniform")) => Dist::Uniform,
                 Some(Some("loguniform")) => Dist::LogUniform,
-                Some(_) => return Err(format!("key `{key}.random.dist`: expected \"uniform\" or \"loguniform\"")),
+                Some(_) => {
+                    return Err(format!(
+                        "key `{key}.random.dist`: expected \"uniform\" or \"loguniform\""
+                    ))
+                }
             };
             Ok(vec![LengthSpec::Random { min, max, dist }])
         }
-        (k, _) => Err(format!("key `{key}`: unknown length kind `{k}` (expected list, range or random, each with its own table/list)")),
+        (k, _) => Err(format!(
+            "key `{key}`: unknown length kind `{k}` (expected list, range or random, each with its own table/list)"
+        )),
     }
 }
 
@@ -156,7 +191,13 @@ fn element(v: &Value, key: &str) -> Result<Vec<LengthSpec>, String> {
 pub fn parse_axis(v: &Value, key: &str) -> Result<Vec<LengthSpec>, String> {
     let out: Vec<LengthSpec> = match v {
         Value::Array(a) if a.is_empty() => return Err(format!("key `{key}`: the list is empty")),
-        Value::Array(a) => a.iter().map(|x| element(x, key)).collect::<Result<Vec<_>, _>>()?.into_iter().flatten().collect(),
+        Value::Array(a) => a
+            .iter()
+            .map(|x| element(x, key))
+            .collect::<Result<Vec<_>, _>>()?
+            .into_iter()
+            .flatten()
+            .collect(),
         x => element(x, key)?,
     };
     Ok(out)
@@ -174,20 +215,35 @@ mod tests {
     #[test]
     fn parses_every_form() {
         assert_eq!(parse("7").unwrap(), vec![LengthSpec::Fixed(7)]);
-        assert_eq!(parse("[1, { list = [2, 3] }]").unwrap(), vec![LengthSpec::Fixed(1), LengthSpec::PerSeq(vec![2, 3])]);
+        assert_eq!(
+            parse("[1, { list = [2, 3] }]").unwrap(),
+            vec![LengthSpec::Fixed(1), LengthSpec::PerSeq(vec![2, 3])]
+        );
         assert_eq!(
             parse("{ range = { start = 10, end = 30, step = 10 } }").unwrap(),
             vec![LengthSpec::Fixed(10), LengthSpec::Fixed(20), LengthSpec::Fixed(30)]
         );
         assert_eq!(
             parse("{ random = { min = 1, max = 9, dist = \"loguniform\" } }").unwrap(),
-            vec![LengthSpec::Random { min: 1, max: 9, dist: Dist::LogUniform }]
+            vec![LengthSpec::Random {
+                min: 1,
+                max: 9,
+                dist: Dist::LogUniform
+            }]
         );
     }
 
     #[test]
     fn rejects_with_the_key_named() {
-        for bad in ["\"x\"", "[]", "{ list = [] }", "{ random = { min = 5, max = 1 } }", "{ random = { min = 1, max = 2, mean = 3 } }", "{ foo = 1 }", "{ range = { start = 1, end = 100000 } }"] {
+        for bad in [
+            "\"x\"",
+            "[]",
+            "{ list = [] }",
+            "{ random = { min = 5, max = 1 } }",
+            "{ random = { min = 1, max = 2, mean = 3 } }",
+            "{ foo = 1 }",
+            "{ range = { start = 1, end = 100000 } }",
+        ] {
             let e = parse(bad).unwrap_err();
             assert!(e.contains("context"), "{bad}: {e}");
         }
@@ -195,7 +251,11 @@ mod tests {
 
     #[test]
     fn random_lengths_are_seeded_and_in_range() {
-        let s = LengthSpec::Random { min: 3, max: 50, dist: Dist::LogUniform };
+        let s = LengthSpec::Random {
+            min: 3,
+            max: 50,
+            dist: Dist::LogUniform,
+        };
         let a = s.lengths(100, 9);
         assert_eq!(a, s.lengths(100, 9));
         assert_ne!(a, s.lengths(100, 10));

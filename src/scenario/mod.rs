@@ -78,9 +78,12 @@ pub fn default_mla_sm_scale() -> f64 {
 
 pub fn load(path: &Path) -> Result<Scenario, InputError> {
     let file = path.display().to_string();
-    let err = |msg: String| InputError::Scenario { file: file.clone(), msg };
+    let err = |msg: String| InputError::Scenario {
+        file: file.clone(),
+        msg,
+    };
     let text = std::fs::read_to_string(path).map_err(|e| err(format!("cannot read the file: {e}")))?;
-    let raw: RawScenario = toml::from_str(&text).map_err(|e| err(format!("{}", e.to_string().trim_end())))?;
+    let raw: RawScenario = toml::from_str(&text).map_err(|e| err(e.to_string().trim_end().to_string()))?;
     validate(path, raw).map_err(err)
 }
 
@@ -97,10 +100,49 @@ fn validate(path: &Path, raw: RawScenario) -> Result<Scenario, String> {
         return Err("no [[mla]] or [[v4]] block: a scenario needs at least one sweep block".into());
     }
     let seed = raw.seed.unwrap_or(0);
-    let name = raw.name.clone().unwrap_or_else(|| path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default());
-    let mla = raw.mla.iter().enumerate().map(|(i, b)| mla_block(b, seed).map_err(|e| format!("[[mla]] #{} ({}): {e}", i + 1, b.label.as_deref().unwrap_or("unlabelled")))).collect::<Result<Vec<_>, _>>()?;
-    let v4 = raw.v4.iter().enumerate().map(|(i, b)| v4_block(b, seed).map_err(|e| format!("[[v4]] #{} ({}): {e}", i + 1, b.label.as_deref().unwrap_or("unlabelled")))).collect::<Result<Vec<_>, _>>()?;
-    Ok(Scenario { path: path.to_path_buf(), name, description: raw.description.unwrap_or_default(), seed, target, cus, mla, v4 })
+    let name = raw.name.clone().unwrap_or_else(|| {
+        path.file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    });
+    let mla = raw
+        .mla
+        .iter()
+        .enumerate()
+        .map(|(i, b)| {
+            mla_block(b, seed).map_err(|e| {
+                format!(
+                    "[[mla]] #{} ({}): {e}",
+                    i + 1,
+                    b.label.as_deref().unwrap_or("unlabelled")
+                )
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let v4 = raw
+        .v4
+        .iter()
+        .enumerate()
+        .map(|(i, b)| {
+            v4_block(b, seed).map_err(|e| {
+                format!(
+                    "[[v4]] #{} ({}): {e}",
+                    i + 1,
+                    b.label.as_deref().unwrap_or("unlabelled")
+                )
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Scenario {
+        path: path.to_path_buf(),
+        name,
+        description: raw.description.unwrap_or_default(),
+        seed,
+        target,
+        cus,
+        mla,
+        v4,
+    })
 }
 
 fn parse_variants(v: &toml::Value, key: &str, family: Family) -> Result<Vec<VariantId>, String> {
@@ -111,7 +153,9 @@ fn parse_variants(v: &toml::Value, key: &str, family: Family) -> Result<Vec<Vari
                 Family::Mla => ("[[mla]]", "[[v4]]"),
                 Family::V4 => ("[[v4]]", "[[mla]]"),
             };
-            return Err(format!("key `{key}`: variant `{id}` is not a {want} variant; move it to a {other} block"));
+            return Err(format!(
+                "key `{key}`: variant `{id}` is not a {want} variant; move it to a {other} block"
+            ));
         }
     }
     Ok(vs)
@@ -122,8 +166,10 @@ fn tighten(base: Tolerances, raw: Option<RawTol>, key: &str) -> Result<Tolerance
     let pick = |v: Option<f64>, d: f64, name: &str| -> Result<f64, String> {
         match v {
             None => Ok(d),
-            Some(x) if !(x > 0.0) => Err(format!("key `{key}.{name}`: must be > 0, got {x}")),
-            Some(x) if x > d => Err(format!("key `{key}.{name}`: {x} is looser than the default {d}; a scenario may only tighten tolerances")),
+            Some(x) if x.is_nan() || x <= 0.0 => Err(format!("key `{key}.{name}`: must be > 0, got {x}")),
+            Some(x) if x > d => Err(format!(
+                "key `{key}.{name}`: {x} is looser than the default {d}; a scenario may only tighten tolerances"
+            )),
             Some(x) => Ok(x),
         }
     };
@@ -141,7 +187,10 @@ fn tolerances(raw: &Option<RawTolerances>) -> Result<(Tolerances, Tolerances), S
         Some(t) => (t.bf16, t.fp8),
         None => (None, None),
     };
-    Ok((tighten(Tolerances::BF16, b, "tolerance.bf16")?, tighten(Tolerances::FP8, f, "tolerance.fp8")?))
+    Ok((
+        tighten(Tolerances::BF16, b, "tolerance.bf16")?,
+        tighten(Tolerances::FP8, f, "tolerance.fp8")?,
+    ))
 }
 
 fn sm_scale(v: Option<f64>, default: f64) -> Result<f64, String> {
@@ -156,17 +205,39 @@ fn mla_block(b: &RawMla, seed: u64) -> Result<MlaBlock, String> {
     let batch = usize_axis(required(&b.batch, "batch")?, "batch", 1)?;
     let context = lengths::parse_axis(required(&b.context, "context")?, "context")?;
     if let Some(c) = context.iter().find(|c| c.min() == 0) {
-        return Err(format!("key `context`: {} has a length 0; a decode sequence holds at least its query tokens", c.label()));
+        return Err(format!(
+            "key `context`: {} has a length 0; a decode sequence holds at least its query tokens",
+            c.label()
+        ));
     }
     let heads_local = usize_axis(required(&b.heads_local, "heads_local")?, "heads_local", 1)?;
-    let dcp_world = b.dcp_world.as_ref().map(|v| usize_axis(v, "dcp_world", 1)).transpose()?.unwrap_or(vec![1]);
+    let dcp_world = b
+        .dcp_world
+        .as_ref()
+        .map(|v| usize_axis(v, "dcp_world", 1))
+        .transpose()?
+        .unwrap_or(vec![1]);
     if let Some(w) = dcp_world.iter().find(|&&w| w > 64) {
-        return Err(format!("key `dcp_world`: {w} ranks is more than the 64 this harness shards"));
+        return Err(format!(
+            "key `dcp_world`: {w} ranks is more than the 64 this harness shards"
+        ));
     }
-    let interleave = b.interleave.as_ref().map(|v| usize_axis(v, "interleave", 1)).transpose()?.unwrap_or(vec![1]);
-    let s_q = b.s_q.as_ref().map(|v| usize_axis(v, "s_q", 1)).transpose()?.unwrap_or(vec![1]);
+    let interleave = b
+        .interleave
+        .as_ref()
+        .map(|v| usize_axis(v, "interleave", 1))
+        .transpose()?
+        .unwrap_or(vec![1]);
+    let s_q = b
+        .s_q
+        .as_ref()
+        .map(|v| usize_axis(v, "s_q", 1))
+        .transpose()?
+        .unwrap_or(vec![1]);
     if let Some(q) = s_q.iter().find(|&&q| q > 16) {
-        return Err(format!("key `s_q`: {q} query tokens per sequence; MTP/speculative decode here goes up to 16"));
+        return Err(format!(
+            "key `s_q`: {q} query tokens per sequence; MTP/speculative decode here goes up to 16"
+        ));
     }
     let dtype = match &b.dtype {
         Some(v) => str_axis(v, "dtype", |s| match s {
@@ -176,18 +247,37 @@ fn mla_block(b: &RawMla, seed: u64) -> Result<MlaBlock, String> {
         })?,
         None => vec![Dtype::Bf16],
     };
-    let page_size = b.page_size.as_ref().map(|v| usize_axis(v, "page_size", 1)).transpose()?;
+    let page_size = b
+        .page_size
+        .as_ref()
+        .map(|v| usize_axis(v, "page_size", 1))
+        .transpose()?;
     if let Some(p) = page_size.iter().flatten().find(|&&p| p != 1 && p != 64) {
-        return Err(format!("key `page_size`: {p} is not supported; the kernels take page size 1 (ps1) or 64 (page64)"));
+        return Err(format!(
+            "key `page_size`: {p} is not supported; the kernels take page size 1 (ps1) or 64 (page64)"
+        ));
     }
-    let heads_bad = heads_local.iter().flat_map(|&h| dcp_world.iter().map(move |&w| (h, w))).find(|&(h, w)| h * w > 128);
+    let heads_bad = heads_local
+        .iter()
+        .flat_map(|&h| dcp_world.iter().map(move |&w| (h, w)))
+        .find(|&(h, w)| h * w > 128);
     if let Some((h, w)) = heads_bad {
-        return Err(format!("keys `heads_local` x `dcp_world`: {h} x {w} = {} gathered heads; no kernel takes more than 128", h * w));
+        return Err(format!(
+            "keys `heads_local` x `dcp_world`: {h} x {w} = {} gathered heads; no kernel takes more than 128",
+            h * w
+        ));
     }
     let variants = parse_variants(required(&b.variants, "variants")?, "variants", Family::Mla)?;
-    let force = b.force.as_ref().map(|v| parse_variants(v, "force", Family::Mla)).transpose()?.unwrap_or_default();
+    let force = b
+        .force
+        .as_ref()
+        .map(|v| parse_variants(v, "force", Family::Mla))
+        .transpose()?
+        .unwrap_or_default();
     if let Some(f) = force.iter().find(|f| !variants.contains(f)) {
-        return Err(format!("key `force`: `{f}` is not in `variants`; add it there to run it"));
+        return Err(format!(
+            "key `force`: `{f}` is not in `variants`; add it there to run it"
+        ));
     }
     let (tol_bf16, tol_fp8) = tolerances(&b.tolerance)?;
     Ok(MlaBlock {
@@ -218,15 +308,29 @@ fn v4_block(b: &RawV4, seed: u64) -> Result<V4Block, String> {
     })?;
     let rows = usize_axis(required(&b.rows, "rows")?, "rows", 1)?;
     if let Some(r) = rows.iter().find(|&&r| r > 32768) {
-        return Err(format!("key `rows`: {r} rows is above the 32768 the V4 decode path takes"));
+        return Err(format!(
+            "key `rows`: {r} rows is above the 32768 the V4 decode path takes"
+        ));
     }
-    let pad_rows = b.pad_rows.as_ref().map(|v| usize_axis(v, "pad_rows", 0)).transpose()?.unwrap_or(vec![0]);
+    let pad_rows = b
+        .pad_rows
+        .as_ref()
+        .map(|v| usize_axis(v, "pad_rows", 0))
+        .transpose()?
+        .unwrap_or(vec![0]);
     let heads = usize_axis(required(&b.heads, "heads")?, "heads", 1)?;
     if let Some(h) = heads.iter().find(|&&h| h > 16 && ![32, 64, 128].contains(&h)) {
-        return Err(format!("key `heads`: {h} heads; V4 kernels take 16, 32, 64 or 128 (fewer than 16 pad to 16)"));
+        return Err(format!(
+            "key `heads`: {h} heads; V4 kernels take 16, 32, 64 or 128 (fewer than 16 pad to 16)"
+        ));
     }
     let position = lengths::parse_axis(required(&b.position, "position")?, "position")?;
-    let verify = b.verify.as_ref().map(|v| usize_axis(v, "verify", 1)).transpose()?.unwrap_or(vec![1]);
+    let verify = b
+        .verify
+        .as_ref()
+        .map(|v| usize_axis(v, "verify", 1))
+        .transpose()?
+        .unwrap_or(vec![1]);
     let variants = parse_variants(required(&b.variants, "variants")?, "variants", Family::V4)?;
     let splits = match &b.splits {
         None => vec![None],
@@ -235,7 +339,10 @@ fn v4_block(b: &RawV4, seed: u64) -> Result<V4Block, String> {
                 match x {
                     toml::Value::String(s) if s == "auto" => Ok(None),
                     toml::Value::Integer(n) if (1..=16).contains(n) => Ok(Some(*n as usize)),
-                    other => Err(format!("key `splits`: expected \"auto\" or an integer 1..=16, got {}", axis::describe(other))),
+                    other => Err(format!(
+                        "key `splits`: expected \"auto\" or an integer 1..=16, got {}",
+                        axis::describe(other)
+                    )),
                 }
             };
             match v {
@@ -252,7 +359,10 @@ fn v4_block(b: &RawV4, seed: u64) -> Result<V4Block, String> {
     let index_topk = b.index_topk.unwrap_or(1024);
     let max_model_len = b.max_model_len.unwrap_or(1 << 20);
     if let Some(p) = position.iter().find(|p| p.max() >= max_model_len) {
-        return Err(format!("key `position`: {} reaches max_model_len {max_model_len}", p.label()));
+        return Err(format!(
+            "key `position`: {} reaches max_model_len {max_model_len}",
+            p.label()
+        ));
     }
     let (_, tol) = tolerances(&b.tolerance)?;
     Ok(V4Block {
@@ -300,14 +410,19 @@ pub fn expand(sc: &Scenario) -> Expansion {
                         for &s in &b.interleave {
                             for &s_q in &b.s_q {
                                 if ctx.min() < s_q {
-                                    dropped.push(format!("context {} with s_q {s_q}: a sequence's length includes its s_q query tokens", ctx.label()));
+                                    dropped.push(format!(
+                                        "context {} with s_q {s_q}: a sequence's length includes its s_q query tokens",
+                                        ctx.label()
+                                    ));
                                     continue;
                                 }
                                 for &dtype in &b.dtype {
                                     for &variant in &b.variants {
-                                        let pages: Vec<usize> = b.page_size.clone().unwrap_or_else(|| vec![native_page_size(variant)]);
+                                        let pages: Vec<usize> =
+                                            b.page_size.clone().unwrap_or_else(|| vec![native_page_size(variant)]);
                                         for ps in pages {
-                                            let data_id = format!("mla-b{batch}-c{}-h{hl}x{w}-s{s}-q{s_q}-{dtype}", ctx.label());
+                                            let data_id =
+                                                format!("mla-b{batch}-c{}-h{hl}x{w}-s{s}-q{s_q}-{dtype}", ctx.label());
                                             let id = format!("{data_id}-p{ps}");
                                             let seed = stable_hash(&[&b.seed.to_le_bytes(), data_id.as_bytes()]);
                                             let params = MlaParams {
@@ -351,13 +466,18 @@ pub fn expand(sc: &Scenario) -> Expansion {
                     for &heads in &b.heads {
                         for pos in &b.position {
                             for &verify in &b.verify {
-                                let data_id = format!("v4-{layer}-n{rows}-t{}-h{heads}-p{}-v{verify}", rows + pad, pos.label());
+                                let data_id =
+                                    format!("v4-{layer}-n{rows}-t{}-h{heads}-p{}-v{verify}", rows + pad, pos.label());
                                 let seed = stable_hash(&[&b.seed.to_le_bytes(), data_id.as_bytes()]);
                                 let seqs = rows.div_ceil(verify);
                                 let starts = pos.lengths(seqs, seed);
-                                let positions: Vec<usize> = (0..rows).map(|i| starts[i / verify] + i % verify).collect();
+                                let positions: Vec<usize> =
+                                    (0..rows).map(|i| starts[i / verify] + i % verify).collect();
                                 if let Some(p) = positions.iter().find(|&&p| p >= b.max_model_len) {
-                                    dropped.push(format!("{data_id}: verify row position {p} reaches max_model_len {}", b.max_model_len));
+                                    dropped.push(format!(
+                                        "{data_id}: verify row position {p} reaches max_model_len {}",
+                                        b.max_model_len
+                                    ));
                                     continue;
                                 }
                                 let params = V4Params {
@@ -373,7 +493,11 @@ pub fn expand(sc: &Scenario) -> Expansion {
                                     sm_scale: b.sm_scale,
                                 };
                                 for &variant in &b.variants {
-                                    let split_axis: Vec<Option<usize>> = if variant == VariantId::V4Split { b.splits.clone() } else { vec![None] };
+                                    let split_axis: Vec<Option<usize>> = if variant == VariantId::V4Split {
+                                        b.splits.clone()
+                                    } else {
+                                        vec![None]
+                                    };
                                     for splits in split_axis {
                                         let id = match splits {
                                             Some(n) => format!("{data_id}-n{n}"),
@@ -388,7 +512,12 @@ pub fn expand(sc: &Scenario) -> Expansion {
                                             force: false,
                                             target: sc.target,
                                             cus: sc.cus,
-                                            v4: V4Knobs { min_rows: b.min_rows, partitions: b.partitions, splits, workspace: b.workspace },
+                                            v4: V4Knobs {
+                                                min_rows: b.min_rows,
+                                                partitions: b.partitions,
+                                                splits,
+                                                workspace: b.workspace,
+                                            },
                                             scenario: sc.path.clone(),
                                         });
                                     }

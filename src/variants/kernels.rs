@@ -33,7 +33,10 @@ pub fn mla_smem(fp8: bool, mt: usize) -> u32 {
 }
 
 fn mla(file: &'static str, entries: &[&'static str], hk: usize, fp8: bool, mt: usize) -> KernelSpec {
-    KernelSpec::new(file, entries).define("HK", hk).define("KV_FP8", fp8 as u8).define("MT", mt)
+    KernelSpec::new(file, entries)
+        .define("HK", hk)
+        .define("KV_FP8", fp8 as u8)
+        .define("MT", mt)
 }
 
 pub fn ps1(hk: usize, fp8: bool, mt: usize) -> KernelSpec {

@@ -60,12 +60,24 @@ pub struct Decision {
 }
 
 fn gate_input(case: &Case, p: &MlaParams) -> GateInput {
-    GateInput { profile: case.target, w: p.dcp_world, s_q: p.s_q, heads: p.heads(), dtype: p.dtype, page_size: p.page_size }
+    GateInput {
+        profile: case.target,
+        w: p.dcp_world,
+        s_q: p.s_q,
+        heads: p.heads(),
+        dtype: p.dtype,
+        page_size: p.page_size,
+    }
 }
 
 /// Whether (and why) a variant runs a case.
 pub fn decide(case: &Case) -> Decision {
-    let none = |gate: String| Decision { gate, skip: None, forced: false, fallback: None };
+    let none = |gate: String| Decision {
+        gate,
+        skip: None,
+        forced: false,
+        fallback: None,
+    };
     match (&case.params, case.variant) {
         (CaseParams::Mla(p), VariantId::Ps1 | VariantId::Page64) => {
             let d = mla_gate(case.variant, &gate_input(case, p));
@@ -78,15 +90,38 @@ pub fn decide(case: &Case) -> Decision {
                 _ => p.page_size != 64 || heads::page64_heads(p.heads()).is_err(),
             };
             if case.force && !hard {
-                Decision { gate: format!("rejected: {}", d.reason), skip: None, forced: true, fallback: None }
+                Decision {
+                    gate: format!("rejected: {}", d.reason),
+                    skip: None,
+                    forced: true,
+                    fallback: None,
+                }
             } else {
-                Decision { gate: format!("rejected: {}", d.reason), skip: Some(d.reason), forced: false, fallback: None }
+                Decision {
+                    gate: format!("rejected: {}", d.reason),
+                    skip: Some(d.reason),
+                    forced: false,
+                    fallback: None,
+                }
             }
         }
         (CaseParams::Mla(_), VariantId::DcpCombine) => none("n/a (merge)".into()),
-        (CaseParams::V4(p), VariantId::HcaPersist) => match hca_gates(p.layer, p.kernel_heads(), p.rows, case.v4.min_rows, true, true, case.v4.workspace) {
+        (CaseParams::V4(p), VariantId::HcaPersist) => match hca_gates(
+            p.layer,
+            p.kernel_heads(),
+            p.rows,
+            case.v4.min_rows,
+            true,
+            true,
+            case.v4.workspace,
+        ) {
             Ok(()) => none("eligible: all hca_persist gates pass".into()),
-            Err(why) => Decision { gate: format!("fallback: {why}"), skip: None, forced: false, fallback: Some(why) },
+            Err(why) => Decision {
+                gate: format!("fallback: {why}"),
+                skip: None,
+                forced: false,
+                fallback: Some(why),
+            },
         },
         (CaseParams::V4(_), VariantId::V4Split | VariantId::SplitMerge) => none("n/a".into()),
         (params, v) => {
@@ -94,14 +129,24 @@ pub fn decide(case: &Case) -> Decision {
                 CaseParams::Mla(_) => "MLA",
                 CaseParams::V4(_) => "V4",
             };
-            Decision { gate: String::new(), skip: Some(format!("{v} does not run {fam} workloads")), forced: false, fallback: None }
+            Decision {
+                gate: String::new(),
+                skip: Some(format!("{v} does not run {fam} workloads")),
+                forced: false,
+                fallback: None,
+            }
         }
     }
 }
 
 fn mla_plan(case: &Case, p: &MlaParams) -> Result<VariantPlan, PlanError> {
     let err = |what: String| PlanError { case: case.key(), what };
-    let local = |r: usize| -> Vec<usize> { p.ctx.iter().map(|&l| dcp::local_len(r, l, p.dcp_world, p.interleave)).collect() };
+    let local = |r: usize| -> Vec<usize> {
+        p.ctx
+            .iter()
+            .map(|&l| dcp::local_len(r, l, p.dcp_world, p.interleave))
+            .collect()
+    };
     match case.variant {
         VariantId::Ps1 => {
             let kernel_heads = heads::kernel_heads(p.heads(), p.s_q).map_err(|e| err(e.to_string()))?;
@@ -127,18 +172,31 @@ fn mla_plan(case: &Case, p: &MlaParams) -> Result<VariantPlan, PlanError> {
                 .collect();
             Ok(VariantPlan::Page64 { kernel_heads, splits })
         }
-        v => Err(err(format!("{v} has no plan of its own; it is planned from reference inputs"))),
+        v => Err(err(format!(
+            "{v} has no plan of its own; it is planned from reference inputs"
+        ))),
     }
 }
 
 fn v4_plan(case: &Case, p: &V4Params, fallback: bool) -> Result<VariantPlan, PlanError> {
     if case.variant == VariantId::HcaPersist && !fallback {
         let lens: Vec<usize> = p.positions.iter().map(|&pos| v4_row_len(p, pos)).collect();
-        let plan = hca_partition_plan(&lens, case.v4.partitions).map_err(|what| PlanError { case: case.key(), what })?;
-        return Ok(VariantPlan::HcaPersist { partitions: case.v4.partitions, plan });
+        let plan =
+            hca_partition_plan(&lens, case.v4.partitions).map_err(|what| PlanError { case: case.key(), what })?;
+        return Ok(VariantPlan::HcaPersist {
+            partitions: case.v4.partitions,
+            plan,
+        });
     }
     let bound = kv_len_bound(p.layer, p.index_topk, p.max_model_len);
-    Ok(VariantPlan::V4Split(v4_split_plan(p.rows, p.padded_rows, p.kernel_heads(), bound, case.cus, case.v4.splits)))
+    Ok(VariantPlan::V4Split(v4_split_plan(
+        p.rows,
+        p.padded_rows,
+        p.kernel_heads(),
+        bound,
+        case.cus,
+        case.v4.splits,
+    )))
 }
 
 /// KV list length of a V4 row at `pos` (SPEC §2), for plans made before the workload exists.
@@ -165,10 +223,16 @@ pub fn summary(plan: &VariantPlan) -> String {
         VariantPlan::Ps1 { kernel_heads, ranks } => {
             let items: usize = ranks.iter().map(|w| w.items.len()).sum();
             let parts: usize = ranks.iter().map(|w| w.reduce.len()).sum();
-            format!("h{kernel_heads} items={items} split-seqs={parts} ctas={}", ranks.first().map(|w| w.num_ctas).unwrap_or(0))
+            format!(
+                "h{kernel_heads} items={items} split-seqs={parts} ctas={}",
+                ranks.first().map(|w| w.num_ctas).unwrap_or(0)
+            )
         }
         VariantPlan::Page64 { kernel_heads, splits } => {
-            let (lo, hi) = (splits.iter().min().copied().unwrap_or(0), splits.iter().max().copied().unwrap_or(0));
+            let (lo, hi) = (
+                splits.iter().min().copied().unwrap_or(0),
+                splits.iter().max().copied().unwrap_or(0),
+            );
             if lo == hi {
                 format!("h{kernel_heads} splits={lo}")
             } else {
@@ -201,7 +265,10 @@ pub fn cost(case: &Case, wl: &Workload, plan: &VariantPlan) -> (f64, f64) {
             let eb = if p.dtype == Dtype::Fp8 { 1.0 } else { 2.0 };
             let h = p.heads() as f64;
             let kv_tokens: usize = w.shards[0].local_lens.iter().sum();
-            let vis: usize = (0..p.batch).flat_map(|b| (0..p.s_q).map(move |ii| (b, ii))).map(|(b, ii)| mla_visible(p, 0, b, ii)).sum();
+            let vis: usize = (0..p.batch)
+                .flat_map(|b| (0..p.s_q).map(move |ii| (b, ii)))
+                .map(|(b, ii)| mla_visible(p, 0, b, ii))
+                .sum();
             let hk = *kernel_heads as f64;
             let rows = p.total_q() as f64;
             let partial_rows = match plan {
@@ -209,13 +276,19 @@ pub fn cost(case: &Case, wl: &Workload, plan: &VariantPlan) -> (f64, f64) {
                 VariantPlan::Page64 { splits, .. } if splits[0] > 1 => rows * splits[0] as f64,
                 _ => 0.0,
             };
-            let bytes = kv_tokens as f64 * D_QK * eb + rows * hk * D_QK * eb + rows * hk * (D_V * 2.0 + 4.0) + partial_rows * hk * (D_V + 1.0) * 4.0 * 2.0;
+            let bytes = kv_tokens as f64 * D_QK * eb
+                + rows * hk * D_QK * eb
+                + rows * hk * (D_V * 2.0 + 4.0)
+                + partial_rows * hk * (D_V + 1.0) * 4.0 * 2.0;
             (bytes, 2.0 * h * (D_QK + D_V) * vis as f64)
         }
         (Workload::Mla(w), VariantPlan::DcpCombine(c)) => {
             let n = (c.rows.len() * c.heads) as f64;
             let _ = w;
-            (c.world as f64 * n * (D_V * 2.0 + 4.0) + n * (D_V * 2.0 + 4.0), c.world as f64 * n * D_V * 2.0)
+            (
+                c.world as f64 * n * (D_V * 2.0 + 4.0) + n * (D_V * 2.0 + 4.0),
+                c.world as f64 * n * D_V * 2.0,
+            )
         }
         (Workload::V4(w), VariantPlan::V4Split(_) | VariantPlan::HcaPersist { .. }) => {
             let n = w.p.rows;
@@ -226,12 +299,18 @@ pub fn cost(case: &Case, wl: &Workload, plan: &VariantPlan) -> (f64, f64) {
                 VariantPlan::V4Split(s) if s.n > 1 => (w.t * s.n) as f64 * hk * (D_V + 1.0) * 4.0 * 2.0,
                 _ => 0.0,
             };
-            let bytes = tokens as f64 * (512.0 + 128.0) + n as f64 * hk * (512.0 + 128.0) + n as f64 * hk * (D_V * 2.0 + 4.0) + partial;
+            let bytes = tokens as f64 * (512.0 + 128.0)
+                + n as f64 * hk * (512.0 + 128.0)
+                + n as f64 * hk * (D_V * 2.0 + 4.0)
+                + partial;
             (bytes, 2.0 * h * (D_V + D_V) * tokens as f64)
         }
         (Workload::V4(_), VariantPlan::SplitMerge(s)) => {
             let slots = (s.rows.len() * s.n * s.heads) as f64;
-            (slots * (D_V + 1.0) * 4.0 + (s.rows.len() * s.heads) as f64 * (D_V * 2.0 + 4.0), slots * D_V * 2.0)
+            (
+                slots * (D_V + 1.0) * 4.0 + (s.rows.len() * s.heads) as f64 * (D_V * 2.0 + 4.0),
+                slots * D_V * 2.0,
+            )
         }
         _ => {
             let _ = case;

@@ -35,6 +35,21 @@ pub fn e4m3_table() -> &'static [f32; 256] {
     })
 }
 
+/// Positive finite e4m3 values (codes 0..=0x7E) and the midpoints between
+/// neighbours: encoding is a binary search, fast enough for large pools.
+fn e4m3_midpoints() -> &'static [f32; 126] {
+    use std::sync::OnceLock;
+    static M: OnceLock<[f32; 126]> = OnceLock::new();
+    M.get_or_init(|| {
+        let t = e4m3_table();
+        let mut m = [0f32; 126];
+        for (i, v) in m.iter_mut().enumerate() {
+            *v = (t[i] + t[i + 1]) / 2.0;
+        }
+        m
+    })
+}
+
 /// Encodes with round-to-nearest-even, saturating to +-448 (as the
 /// frameworks' `to(float8_e4m3fn)` after a clamp). NaN maps to NaN.
 pub fn f32_to_e4m3(x: f32) -> u8 {
@@ -42,50 +57,16 @@ pub fn f32_to_e4m3(x: f32) -> u8 {
         return E4M3_NAN;
     }
     let sign: u8 = if x.is_sign_negative() { 0x80 } else { 0 };
-    let a = x.abs().min(E4M3_MAX);
-    if a == 0.0 {
-        return sign;
-    }
-    // Smallest normal is 2^-6; subnormal step is 2^-9.
-    let (exp, step) = if a < 2f32.powi(-6) {
-        (0i32, 2f32.powi(-9))
+    let a = x.abs();
+    let mid = e4m3_midpoints();
+    // Code i is the nearest when mid[i-1] <= a <= mid[i]; exact midpoints tie to the even code.
+    let i = mid.partition_point(|&m| m < a);
+    let code = if i < mid.len() && a == mid[i] && i % 2 == 1 {
+        i + 1
     } else {
-        let e = a.log2().floor() as i32;
-        // log2 can be off by one near powers of two.
-        let e = if 2f32.powi(e) > a {
-            e - 1
-        } else if 2f32.powi(e + 1) <= a {
-            e + 1
-        } else {
-            e
-        };
-        (e, 2f32.powi(e - 3))
+        i
     };
-    let q = a / step;
-    let r = q.round_ties_even();
-    let mut bits_val = r * step;
-    if bits_val > E4M3_MAX {
-        bits_val = E4M3_MAX;
-    }
-    // Re-derive the encoding from the rounded value (rounding may carry into the next binade).
-    let _ = exp;
-    encode_exact(bits_val) | sign
-}
-
-/// Encodes a non-negative value that is exactly representable.
-fn encode_exact(v: f32) -> u8 {
-    if v == 0.0 {
-        return 0;
-    }
-    if v < 2f32.powi(-6) {
-        let m = (v / 2f32.powi(-9)).round() as u8;
-        return m & 0x07;
-    }
-    let e = v.log2().floor() as i32;
-    let e = if 2f32.powi(e) > v { e - 1 } else { e };
-    let m = ((v / 2f32.powi(e) - 1.0) * 8.0).round() as u8;
-    let (e, m) = if m == 8 { (e + 1, 0) } else { (e, m) };
-    (((e + 7) as u8) << 3) | (m & 0x07)
+    sign | code as u8
 }
 
 /// UE8M0 scale byte for a tile with absolute maximum `amax` (SPEC §2).

@@ -85,7 +85,10 @@ fn quantize(src: Vec<f32>, dtype: Dtype) -> Quantized {
             }
         }
         Dtype::Fp8 => {
-            let amax = src.par_iter().fold(|| 0f32, |m, x| m.max(x.abs())).reduce(|| 0f32, f32::max);
+            let amax = src
+                .par_iter()
+                .fold(|| 0f32, |m, x| m.max(x.abs()))
+                .reduce(|| 0f32, f32::max);
             let scale = if amax > 0.0 { amax / E4M3_MAX } else { 1.0 };
             let bytes: Vec<u8> = src.par_iter().map(|&x| codec::f32_to_e4m3(x / scale)).collect();
             let t = codec::e4m3_table();
@@ -101,8 +104,17 @@ fn quantize(src: Vec<f32>, dtype: Dtype) -> Quantized {
 }
 
 pub fn build(p: &MlaParams, seed: u64) -> Result<MlaWorkload> {
-    ensure!(p.ctx.len() == p.batch, "context list has {} entries for batch {}", p.ctx.len(), p.batch);
-    ensure!(p.page_size == 1 || p.page_size == 64, "page size {} (1 or 64)", p.page_size);
+    ensure!(
+        p.ctx.len() == p.batch,
+        "context list has {} entries for batch {}",
+        p.ctx.len(),
+        p.batch
+    );
+    ensure!(
+        p.page_size == 1 || p.page_size == 64,
+        "page size {} (1 or 64)",
+        p.page_size
+    );
     let h = p.heads();
     let total_q = p.total_q();
 
@@ -155,7 +167,11 @@ fn build_shard(p: &MlaParams, r: usize, kv: &Elems, g_kv_indptr: &[i32], seed: u
     for b in 0..p.batch {
         kv_indptr[b + 1] = kv_indptr[b] + pages_per_seq[b] as i32;
         let n = local_lens[b];
-        kv_last_page_len[b] = if n == 0 { 0 } else { (n - (pages_per_seq[b] - 1) * ps) as i32 };
+        kv_last_page_len[b] = if n == 0 {
+            0
+        } else {
+            (n - (pages_per_seq[b] - 1) * ps) as i32
+        };
     }
     let kv_indices: Vec<i32> = perm[..used].to_vec();
 
@@ -245,7 +261,10 @@ mod tests {
                 }
                 for (slot, &wr) in written.iter().enumerate().take(sh.num_pages * ps) {
                     if !wr {
-                        assert!(decode(&sh.pool, slot * MLA_D_QK).is_nan(), "unused slot {slot} must be NaN");
+                        assert!(
+                            decode(&sh.pool, slot * MLA_D_QK).is_nan(),
+                            "unused slot {slot} must be NaN"
+                        );
                     }
                 }
             }
@@ -258,7 +277,11 @@ mod tests {
         let src = wl.kv_src.as_ref().unwrap();
         for i in (0..src.len()).step_by(97) {
             let back = wl.kv_vals[i] * wl.kv_scale;
-            assert!((back - src[i]).abs() <= src[i].abs() * 0.07 + wl.kv_scale * 2f32.powi(-9), "{back} vs {}", src[i]);
+            assert!(
+                (back - src[i]).abs() <= src[i].abs() * 0.07 + wl.kv_scale * 2f32.powi(-9),
+                "{back} vs {}",
+                src[i]
+            );
         }
     }
 }

@@ -138,15 +138,28 @@ fn row_entries(layer: LayerType, pos: usize, topk: usize, r: &mut impl Rng) -> (
 }
 
 pub fn build(p: &V4Params, seed: u64) -> Result<V4Workload> {
-    ensure!(p.positions.len() == p.rows, "{} positions for {} rows", p.positions.len(), p.rows);
-    ensure!(p.padded_rows >= p.rows, "padded rows {} < rows {}", p.padded_rows, p.rows);
+    ensure!(
+        p.positions.len() == p.rows,
+        "{} positions for {} rows",
+        p.positions.len(),
+        p.rows
+    );
+    ensure!(
+        p.padded_rows >= p.rows,
+        "padded rows {} < rows {}",
+        p.padded_rows,
+        p.rows
+    );
     let hk = p.kernel_heads();
     let t = p.padded_rows;
     let verify = p.verify.max(1);
 
     // Sequences are runs of `verify` consecutive rows; each owns a window
     // region and a compressed region of the pool.
-    let seqs: Vec<std::ops::Range<usize>> = (0..p.rows).step_by(verify).map(|s| s..(s + verify).min(p.rows)).collect();
+    let seqs: Vec<std::ops::Range<usize>> = (0..p.rows)
+        .step_by(verify)
+        .map(|s| s..(s + verify).min(p.rows))
+        .collect();
     let win_rows = |rs: &std::ops::Range<usize>| {
         let lo = (p.positions[rs.start] + 1).saturating_sub(V4_WINDOW);
         p.positions[rs.end - 1] + 1 - lo
@@ -161,13 +174,20 @@ pub fn build(p: &V4Params, seed: u64) -> Result<V4Workload> {
     };
     for rs in &seqs {
         for i in rs.clone().skip(1) {
-            ensure!(p.positions[i] == p.positions[i - 1] + 1, "verify rows of one sequence must have consecutive positions");
+            ensure!(
+                p.positions[i] == p.positions[i - 1] + 1,
+                "verify rows of one sequence must have consecutive positions"
+            );
         }
     }
     let win_total: usize = seqs.iter().map(win_rows).sum();
     let comp_total: usize = seqs.iter().map(comp_rows).sum();
     let shared_pool = win_total + comp_total > POOL_ROW_CAP;
-    let comp_region = if shared_pool { seqs.iter().map(comp_rows).max().unwrap_or(0) } else { 0 };
+    let comp_region = if shared_pool {
+        seqs.iter().map(comp_rows).max().unwrap_or(0)
+    } else {
+        0
+    };
     let logical = win_total + if shared_pool { comp_region } else { comp_total };
     let pool_rows = logical + logical / 16 + 1;
     let mut phys: Vec<i32> = (0..pool_rows as i32).collect();
@@ -266,17 +286,26 @@ mod tests {
         for r in 0..4 {
             let row = &pk.packed[r * V4_D..(r + 1) * V4_D];
             for tt in 0..V4_TILES {
-                assert_eq!(row[V4_D_NOPE + 2 * tt], row[V4_D_NOPE + 2 * tt + 1], "scales are written twice");
+                assert_eq!(
+                    row[V4_D_NOPE + 2 * tt],
+                    row[V4_D_NOPE + 2 * tt + 1],
+                    "scales are written twice"
+                );
             }
             assert!(row[V4_D_NOPE + 14..].iter().all(|&b| b == 0));
             for k in 0..V4_D {
                 let (a, b) = (src[r * V4_D + k], pk.vals[r * V4_D + k]);
                 let tile_amax = if k < V4_D_NOPE {
-                    src[r * V4_D + k / 64 * 64..r * V4_D + k / 64 * 64 + 64].iter().fold(0f32, |m, v| m.max(v.abs()))
+                    src[r * V4_D + k / 64 * 64..r * V4_D + k / 64 * 64 + 64]
+                        .iter()
+                        .fold(0f32, |m, v| m.max(v.abs()))
                 } else {
                     a.abs()
                 };
-                assert!((a - b).abs() <= 0.0625 * a.abs() + tile_amax / 448.0, "row {r} k {k}: {a} vs {b}");
+                assert!(
+                    (a - b).abs() <= 0.0625 * a.abs() + tile_amax / 448.0,
+                    "row {r} k {k}: {a} vs {b}"
+                );
             }
         }
         assert_eq!(pk.vals[5], 1024.0f32.min(1000.0f32.max(pk.vals[5])));

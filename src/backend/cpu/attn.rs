@@ -5,7 +5,19 @@
 /// first `dv` elements of each K row. Logits are `q.k * scale`; `o` is
 /// multiplied by `v_scale`. Rows that see nothing get o = 0, lse = -inf.
 #[allow(clippy::too_many_arguments)]
-pub fn attend(q: &[f32], m: usize, dk: usize, k: &[f32], n: usize, dv: usize, vis: &[usize], scale: f32, v_scale: f32, o: &mut [f32], lse: &mut [f32]) {
+pub fn attend(
+    q: &[f32],
+    m: usize,
+    dk: usize,
+    k: &[f32],
+    n: usize,
+    dv: usize,
+    vis: &[usize],
+    scale: f32,
+    v_scale: f32,
+    o: &mut [f32],
+    lse: &mut [f32],
+) {
     debug_assert_eq!(q.len(), m * dk);
     debug_assert_eq!(k.len(), n * dk);
     o[..m * dv].fill(0.0);
@@ -17,7 +29,22 @@ pub fn attend(q: &[f32], m: usize, dk: usize, k: &[f32], n: usize, dv: usize, vi
     // SAFETY: the pointers cover m*dk (q), n*dk (k) and m*n (s) elements with the
     // strides given; the three buffers do not overlap.
     unsafe {
-        matrixmultiply::sgemm(m, dk, n, 1.0, q.as_ptr(), dk as isize, 1, k.as_ptr(), 1, dk as isize, 0.0, s.as_mut_ptr(), n as isize, 1);
+        matrixmultiply::sgemm(
+            m,
+            dk,
+            n,
+            1.0,
+            q.as_ptr(),
+            dk as isize,
+            1,
+            k.as_ptr(),
+            1,
+            dk as isize,
+            0.0,
+            s.as_mut_ptr(),
+            n as isize,
+            1,
+        );
     }
     for i in 0..m {
         let row = &mut s[i * n..(i + 1) * n];
@@ -47,7 +74,22 @@ pub fn attend(q: &[f32], m: usize, dk: usize, k: &[f32], n: usize, dv: usize, vi
     // SAFETY: s is m*n, k's first dv columns with row stride dk cover n rows,
     // o holds m*dv; no overlap.
     unsafe {
-        matrixmultiply::sgemm(m, n, dv, 1.0, s.as_ptr(), n as isize, 1, k.as_ptr(), dk as isize, 1, 0.0, o.as_mut_ptr(), dv as isize, 1);
+        matrixmultiply::sgemm(
+            m,
+            n,
+            dv,
+            1.0,
+            s.as_ptr(),
+            n as isize,
+            1,
+            k.as_ptr(),
+            dk as isize,
+            1,
+            0.0,
+            o.as_mut_ptr(),
+            dv as isize,
+            1,
+        );
     }
 }
 
@@ -55,7 +97,13 @@ pub fn attend(q: &[f32], m: usize, dk: usize, k: &[f32], n: usize, dv: usize, vi
 /// an optional sink (SPEC §2). NaN and +inf LSEs count as empty; a zero weight
 /// contributes nothing even when its o is NaN.
 pub fn merge(parts: &[(&[f32], f32)], sink: Option<f32>, out: &mut [f32]) -> f32 {
-    let clean = |l: f32| if l.is_nan() || l == f32::INFINITY { f32::NEG_INFINITY } else { l };
+    let clean = |l: f32| {
+        if l.is_nan() || l == f32::INFINITY {
+            f32::NEG_INFINITY
+        } else {
+            l
+        }
+    };
     let mut m = parts.iter().map(|p| clean(p.1)).fold(f32::NEG_INFINITY, f32::max);
     if let Some(s) = sink {
         m = m.max(s);
@@ -108,7 +156,16 @@ mod tests {
         let a = [2.0f32];
         let nan = [f32::NAN];
         let mut out = [0f32];
-        let g = merge(&[(&a, 0.5), (&nan, f32::NEG_INFINITY), (&nan, f32::NAN), (&nan, f32::INFINITY)], None, &mut out);
+        let g = merge(
+            &[
+                (&a, 0.5),
+                (&nan, f32::NEG_INFINITY),
+                (&nan, f32::NAN),
+                (&nan, f32::INFINITY),
+            ],
+            None,
+            &mut out,
+        );
         assert_eq!(out[0], 2.0);
         assert!((g - 0.5).abs() < 1e-6);
         let g = merge(&[(&a, 0.0)], Some(0.0), &mut out);

@@ -8,14 +8,14 @@ use rayon::prelude::*;
 use std::time::Instant;
 
 use super::{Backend, BackendError, DeviceInfo, OutTensor, RunOutput, RunRequest, Samples};
-use crate::case::{Dtype, MLA_D_QK, MLA_D_V, V4_D, V4_D_NOPE, V4_D_ROPE};
+use crate::case::{MLA_D_QK, MLA_D_V, V4_D, V4_D_NOPE, V4_D_ROPE};
 use crate::metrics::POISON_BITS;
 use crate::plan::split::page64_split_ranges;
 use crate::plan::v4::split_ranges;
 use crate::variants::{CombineInputs, SplitMergeInputs, VariantPlan};
 use crate::workload::codec::{bf16_from_bits, e4m3_table, round_bf16};
 use crate::workload::v4::unpack_nope;
-use crate::workload::{dcp, Elems, MlaShard, MlaWorkload, V4Workload, Workload};
+use crate::workload::{Elems, MlaShard, MlaWorkload, V4Workload, Workload};
 
 pub struct CpuBackend {
     info: DeviceInfo,
@@ -76,7 +76,11 @@ fn mla_kv(sh: &MlaShard, ps: usize, seq: usize, a: usize, b: usize) -> Vec<f32> 
     let mut k = vec![0f32; (b - a) * MLA_D_QK];
     for j in a..b {
         let slot = sh.slot(seq, j, ps);
-        decode(&sh.pool, slot * MLA_D_QK..(slot + 1) * MLA_D_QK, &mut k[(j - a) * MLA_D_QK..(j - a + 1) * MLA_D_QK]);
+        decode(
+            &sh.pool,
+            slot * MLA_D_QK..(slot + 1) * MLA_D_QK,
+            &mut k[(j - a) * MLA_D_QK..(j - a + 1) * MLA_D_QK],
+        );
     }
     k
 }
@@ -91,17 +95,39 @@ struct Chunk {
 
 /// Attention of one sequence's rows over local tokens `a..b`, with each row's
 /// visible prefix given in local tokens.
-fn mla_chunk(w: &MlaWorkload, sh: &MlaShard, seq: usize, rows: (usize, usize), kv: (usize, usize), hk: usize, vis_end: &dyn Fn(usize) -> usize) -> Chunk {
+fn mla_chunk(
+    w: &MlaWorkload,
+    sh: &MlaShard,
+    seq: usize,
+    rows: (usize, usize),
+    kv: (usize, usize),
+    hk: usize,
+    vis_end: &dyn Fn(usize) -> usize,
+) -> Chunk {
     let (q_start, q_end) = rows;
     let (a, b) = kv;
     let q = mla_q(w, q_start, q_end, hk);
     let k = mla_kv(sh, w.p.page_size, seq, a, b);
     let m = (q_end - q_start) * hk;
-    let vis: Vec<usize> = (q_start..q_end).flat_map(|i| std::iter::repeat(vis_end(i).clamp(a, b) - a).take(hk)).collect();
+    let vis: Vec<usize> = (q_start..q_end)
+        .flat_map(|i| std::iter::repeat(vis_end(i).clamp(a, b) - a).take(hk))
+        .collect();
     let mut o = vec![0f32; m * MLA_D_V];
     let mut lse = vec![0f32; m];
     let scale = (w.p.sm_scale as f32) * w.q_scale * w.kv_scale;
-    attn::attend(&q, m, MLA_D_QK, &k, b - a, MLA_D_V, &vis, scale, w.kv_scale, &mut o, &mut lse);
+    attn::attend(
+        &q,
+        m,
+        MLA_D_QK,
+        &k,
+        b - a,
+        MLA_D_V,
+        &vis,
+        scale,
+        w.kv_scale,
+        &mut o,
+        &mut lse,
+    );
     Chunk { q_start, q_end, o, lse }
 }
 
@@ -136,7 +162,10 @@ fn merge_chunks(out: &mut RankOut, hk: usize, parts: &[&Chunk]) {
     for (k, i) in (c0.q_start..c0.q_end).enumerate() {
         for h in 0..hk {
             let idx = k * hk + h;
-            let ps: Vec<(&[f32], f32)> = parts.iter().map(|c| (&c.o[idx * MLA_D_V..(idx + 1) * MLA_D_V], c.lse[idx])).collect();
+            let ps: Vec<(&[f32], f32)> = parts
+                .iter()
+                .map(|c| (&c.o[idx * MLA_D_V..(idx + 1) * MLA_D_V], c.lse[idx]))
+                .collect();
             let g = attn::merge(&ps, None, &mut buf);
             let d = (i * hk + h) * MLA_D_V;
             for (x, y) in out.o[d..d + MLA_D_V].iter_mut().zip(&buf) {
@@ -163,20 +192,37 @@ fn run_ps1(w: &MlaWorkload, ranks: &[crate::plan::worklist::WorkList], hk: usize
                 .par_iter()
                 .filter(|it| wanted(rows, it.q_start as usize, it.q_end as usize))
                 .map(|it| {
-                    let c = mla_chunk(w, sh, it.seq as usize, (it.q_start as usize, it.q_end as usize), (it.kv_start as usize, it.kv_end as usize), hk, &vis_end);
+                    let c = mla_chunk(
+                        w,
+                        sh,
+                        it.seq as usize,
+                        (it.q_start as usize, it.q_end as usize),
+                        (it.kv_start as usize, it.kv_end as usize),
+                        hk,
+                        &vis_end,
+                    );
                     (it.partial, c)
                 })
                 .collect();
             let n = p.total_q();
-            let mut out = RankOut { o: poison(n * hk * MLA_D_V), lse: poison(n * hk) };
-            for (partial, c) in chunks.iter().filter(|(pt, _)| *pt < 0) {
-                let _ = partial;
+            let mut out = RankOut {
+                o: poison(n * hk * MLA_D_V),
+                lse: poison(n * hk),
+            };
+            for (_, c) in chunks.iter().filter(|(pt, _)| *pt < 0) {
                 write_final(&mut out, hk, c);
             }
             // Reduce: partials of one sequence, found by their partial slot.
             for red in &wl.reduce {
-                let rows_per = (red.q_end - red.q_start) as i32;
-                let parts: Vec<&Chunk> = (0..red.n_parts).filter_map(|k| chunks.iter().find(|(pt, _)| *pt == red.part_base + k * rows_per).map(|(_, c)| c)).collect();
+                let rows_per = red.q_end - red.q_start;
+                let parts: Vec<&Chunk> = (0..red.n_parts)
+                    .filter_map(|k| {
+                        chunks
+                            .iter()
+                            .find(|(pt, _)| *pt == red.part_base + k * rows_per)
+                            .map(|(_, c)| c)
+                    })
+                    .collect();
                 if parts.len() == red.n_parts as usize {
                     merge_chunks(&mut out, hk, &parts);
                 }
@@ -199,10 +245,25 @@ fn run_page64(w: &MlaWorkload, splits: &[usize], hk: usize, rows: &[usize]) -> V
             };
             let tasks: Vec<(usize, usize, usize, usize)> = (0..p.batch)
                 .filter(|&b| wanted(rows, b * p.s_q, (b + 1) * p.s_q))
-                .flat_map(|b| page64_split_ranges(sh.local_lens[b], n_split).into_iter().map(move |(a, e)| (b, a, e, 0)))
+                .flat_map(|b| {
+                    page64_split_ranges(sh.local_lens[b], n_split)
+                        .into_iter()
+                        .map(move |(a, e)| (b, a, e, 0))
+                })
                 .collect();
-            let chunks: Vec<(usize, Chunk)> = tasks.par_iter().map(|&(b, a, e, _)| (b, mla_chunk(w, sh, b, (b * p.s_q, (b + 1) * p.s_q), (a, e), hk, &vis_end))).collect();
-            let mut out = RankOut { o: poison(p.total_q() * hk * MLA_D_V), lse: poison(p.total_q() * hk) };
+            let chunks: Vec<(usize, Chunk)> = tasks
+                .par_iter()
+                .map(|&(b, a, e, _)| {
+                    (
+                        b,
+                        mla_chunk(w, sh, b, (b * p.s_q, (b + 1) * p.s_q), (a, e), hk, &vis_end),
+                    )
+                })
+                .collect();
+            let mut out = RankOut {
+                o: poison(p.total_q() * hk * MLA_D_V),
+                lse: poison(p.total_q() * hk),
+            };
             for b in 0..p.batch {
                 let parts: Vec<&Chunk> = chunks.iter().filter(|(s, _)| *s == b).map(|(_, c)| c).collect();
                 match parts.len() {
@@ -229,8 +290,16 @@ fn mla_tensors(w: &MlaWorkload, outs: Vec<RankOut>, hk: usize) -> Vec<OutTensor>
     let (n, h) = (w.p.total_q(), w.heads());
     let mut t = Vec::new();
     for (r, ro) in outs.into_iter().enumerate() {
-        t.push(OutTensor { name: format!("o.r{r}"), row_len: h * MLA_D_V, data: strip(&ro.o, n, hk, h, MLA_D_V) });
-        t.push(OutTensor { name: format!("lse.r{r}"), row_len: h, data: strip(&ro.lse, n, hk, h, 1) });
+        t.push(OutTensor {
+            name: format!("o.r{r}"),
+            row_len: h * MLA_D_V,
+            data: strip(&ro.o, n, hk, h, MLA_D_V),
+        });
+        t.push(OutTensor {
+            name: format!("lse.r{r}"),
+            row_len: h,
+            data: strip(&ro.lse, n, hk, h, 1),
+        });
     }
     t
 }
@@ -239,13 +308,36 @@ fn run_combine(c: &CombineInputs) -> Vec<OutTensor> {
     let (n, h) = (c.rows.len(), c.heads);
     let mut o = vec![0f32; n * h * MLA_D_V];
     let mut lse = vec![0f32; n * h];
-    let ranks: Vec<Vec<f32>> = (0..c.world).map(|r| c.o[r * n * h * MLA_D_V..(r + 1) * n * h * MLA_D_V].iter().map(|&b| bf16_from_bits(b)).collect()).collect();
-    o.par_chunks_mut(MLA_D_V).zip(lse.par_iter_mut()).enumerate().for_each(|(idx, (od, l))| {
-        let parts: Vec<(&[f32], f32)> = (0..c.world).map(|r| (&ranks[r][idx * MLA_D_V..(idx + 1) * MLA_D_V], c.lse[r * n * h + idx])).collect();
-        *l = attn::merge(&parts, None, od);
-        od.iter_mut().for_each(|x| *x = round_bf16(*x));
-    });
-    vec![OutTensor { name: "o".into(), row_len: h * MLA_D_V, data: o }, OutTensor { name: "lse".into(), row_len: h, data: lse }]
+    let ranks: Vec<Vec<f32>> = (0..c.world)
+        .map(|r| {
+            c.o[r * n * h * MLA_D_V..(r + 1) * n * h * MLA_D_V]
+                .iter()
+                .map(|&b| bf16_from_bits(b))
+                .collect()
+        })
+        .collect();
+    o.par_chunks_mut(MLA_D_V)
+        .zip(lse.par_iter_mut())
+        .enumerate()
+        .for_each(|(idx, (od, l))| {
+            let parts: Vec<(&[f32], f32)> = (0..c.world)
+                .map(|r| (&ranks[r][idx * MLA_D_V..(idx + 1) * MLA_D_V], c.lse[r * n * h + idx]))
+                .collect();
+            *l = attn::merge(&parts, None, od);
+            od.iter_mut().for_each(|x| *x = round_bf16(*x));
+        });
+    vec![
+        OutTensor {
+            name: "o".into(),
+            row_len: h * MLA_D_V,
+            data: o,
+        },
+        OutTensor {
+            name: "lse".into(),
+            row_len: h,
+            data: lse,
+        },
+    ]
 }
 
 /// Decoded V4 Q of one row: `[hk, 512]`.
@@ -253,7 +345,10 @@ fn v4_q(w: &V4Workload, i: usize) -> Vec<f32> {
     let mut q = vec![0f32; w.heads * V4_D];
     for h in 0..w.heads {
         let r = i * w.heads + h;
-        unpack_nope(&w.q_packed[r * V4_D..(r + 1) * V4_D], &mut q[h * V4_D..h * V4_D + V4_D_NOPE]);
+        unpack_nope(
+            &w.q_packed[r * V4_D..(r + 1) * V4_D],
+            &mut q[h * V4_D..h * V4_D + V4_D_NOPE],
+        );
         for d in 0..V4_D_ROPE {
             q[h * V4_D + V4_D_NOPE + d] = bf16_from_bits(w.q_rope[r * V4_D_ROPE + d]);
         }
@@ -267,7 +362,10 @@ fn v4_kv(w: &V4Workload, i: usize, a: usize, b: usize) -> Vec<f32> {
     let mut k = vec![0f32; (b - a) * V4_D];
     for (t, &row) in list[a..b].iter().enumerate() {
         let row = row as usize;
-        unpack_nope(&w.pool_packed[row * V4_D..(row + 1) * V4_D], &mut k[t * V4_D..t * V4_D + V4_D_NOPE]);
+        unpack_nope(
+            &w.pool_packed[row * V4_D..(row + 1) * V4_D],
+            &mut k[t * V4_D..t * V4_D + V4_D_NOPE],
+        );
         for d in 0..V4_D_ROPE {
             k[t * V4_D + V4_D_NOPE + d] = bf16_from_bits(w.pool_rope[row * V4_D_ROPE + d]);
         }
@@ -281,7 +379,19 @@ fn v4_piece(w: &V4Workload, i: usize, a: usize, b: usize) -> (Vec<f32>, Vec<f32>
     let k = v4_kv(w, i, a, b);
     let mut o = vec![0f32; w.heads * V4_D];
     let mut lse = vec![0f32; w.heads];
-    attn::attend(&q, w.heads, V4_D, &k, b - a, V4_D, &vec![b - a; w.heads], w.p.sm_scale as f32, 1.0, &mut o, &mut lse);
+    attn::attend(
+        &q,
+        w.heads,
+        V4_D,
+        &k,
+        b - a,
+        V4_D,
+        &vec![b - a; w.heads],
+        w.p.sm_scale as f32,
+        1.0,
+        &mut o,
+        &mut lse,
+    );
     (o, lse)
 }
 
@@ -289,7 +399,10 @@ fn v4_piece(w: &V4Workload, i: usize, a: usize, b: usize) -> (Vec<f32>, Vec<f32>
 fn v4_finish(w: &V4Workload, pieces: &[(Vec<f32>, Vec<f32>)], o: &mut [f32], lse: &mut [f32]) {
     let mut buf = vec![0f32; V4_D];
     for h in 0..w.heads {
-        let parts: Vec<(&[f32], f32)> = pieces.iter().map(|(po, pl)| (&po[h * V4_D..(h + 1) * V4_D], pl[h])).collect();
+        let parts: Vec<(&[f32], f32)> = pieces
+            .iter()
+            .map(|(po, pl)| (&po[h * V4_D..(h + 1) * V4_D], pl[h]))
+            .collect();
         lse[h] = attn::merge(&parts, Some(w.sink[h]), &mut buf);
         for (x, y) in o[h * V4_D..(h + 1) * V4_D].iter_mut().zip(&buf) {
             *x = round_bf16(*y);
@@ -300,8 +413,16 @@ fn v4_finish(w: &V4Workload, pieces: &[(Vec<f32>, Vec<f32>)], o: &mut [f32], lse
 fn v4_tensors(w: &V4Workload, o: Vec<f32>, lse: Vec<f32>) -> Vec<OutTensor> {
     let h = w.p.heads;
     vec![
-        OutTensor { name: "o".into(), row_len: h * V4_D, data: strip(&o, w.t, w.heads, h, V4_D) },
-        OutTensor { name: "lse".into(), row_len: h, data: strip(&lse, w.t, w.heads, h, 1) },
+        OutTensor {
+            name: "o".into(),
+            row_len: h * V4_D,
+            data: strip(&o, w.t, w.heads, h, V4_D),
+        },
+        OutTensor {
+            name: "lse".into(),
+            row_len: h,
+            data: strip(&lse, w.t, w.heads, h, 1),
+        },
     ]
 }
 
@@ -313,7 +434,10 @@ fn run_v4_split(w: &V4Workload, n: usize, rows: &[usize]) -> Vec<OutTensor> {
         .par_iter()
         .map(|&i| {
             let len = w.row_len(i);
-            let pieces: Vec<_> = split_ranges(len, n).into_iter().map(|(a, b)| v4_piece(w, i, a, b)).collect();
+            let pieces: Vec<_> = split_ranges(len, n)
+                .into_iter()
+                .map(|(a, b)| v4_piece(w, i, a, b))
+                .collect();
             let (mut ro, mut rl) = (vec![0f32; hk * V4_D], vec![0f32; hk]);
             v4_finish(w, &pieces, &mut ro, &mut rl);
             (i, ro, rl)
@@ -335,7 +459,12 @@ fn run_hca(w: &V4Workload, plan: &crate::plan::v4::HcaPlan, rows: &[usize]) -> V
         .filter(|&&i| w.row_len(i) > 0)
         .map(|&i| {
             // Each partition's piece of this row; the last finisher merges them.
-            let pieces: Vec<_> = plan.pieces.iter().filter(|pc| pc.row == i).map(|pc| v4_piece(w, i, pc.start, pc.end)).collect();
+            let pieces: Vec<_> = plan
+                .pieces
+                .iter()
+                .filter(|pc| pc.row == i)
+                .map(|pc| v4_piece(w, i, pc.start, pc.end))
+                .collect();
             let (mut ro, mut rl) = (vec![0f32; hk * V4_D], vec![0f32; hk]);
             v4_finish(w, &pieces, &mut ro, &mut rl);
             (i, ro, rl)
@@ -367,7 +496,18 @@ fn run_split_merge(s: &SplitMergeInputs, t: usize) -> Vec<OutTensor> {
             }
         }
     }
-    vec![OutTensor { name: "o".into(), row_len: h * V4_D, data: o }, OutTensor { name: "lse".into(), row_len: h, data: lse }]
+    vec![
+        OutTensor {
+            name: "o".into(),
+            row_len: h * V4_D,
+            data: o,
+        },
+        OutTensor {
+            name: "lse".into(),
+            row_len: h,
+            data: lse,
+        },
+    ]
 }
 
 impl Backend for CpuBackend {
@@ -378,18 +518,32 @@ impl Backend for CpuBackend {
     fn run(&mut self, req: &RunRequest) -> Result<RunOutput, BackendError> {
         let t0 = Instant::now();
         let tensors = match (req.workload, req.plan) {
-            (Workload::Mla(w), VariantPlan::Ps1 { kernel_heads, ranks }) => mla_tensors(w, run_ps1(w, ranks, *kernel_heads, req.rows), *kernel_heads),
-            (Workload::Mla(w), VariantPlan::Page64 { kernel_heads, splits }) => mla_tensors(w, run_page64(w, splits, *kernel_heads, req.rows), *kernel_heads),
+            (Workload::Mla(w), VariantPlan::Ps1 { kernel_heads, ranks }) => {
+                mla_tensors(w, run_ps1(w, ranks, *kernel_heads, req.rows), *kernel_heads)
+            }
+            (Workload::Mla(w), VariantPlan::Page64 { kernel_heads, splits }) => {
+                mla_tensors(w, run_page64(w, splits, *kernel_heads, req.rows), *kernel_heads)
+            }
             (Workload::Mla(_), VariantPlan::DcpCombine(c)) => run_combine(c),
             (Workload::V4(w), VariantPlan::V4Split(s)) => run_v4_split(w, s.n, req.rows),
             (Workload::V4(w), VariantPlan::HcaPersist { plan, .. }) => run_hca(w, plan, req.rows),
             (Workload::V4(w), VariantPlan::SplitMerge(s)) => run_split_merge(s, w.t),
-            _ => return Err(BackendError::Unsupported("plan does not match the workload family".into())),
+            _ => {
+                return Err(BackendError::Unsupported(
+                    "plan does not match the workload family".into(),
+                ))
+            }
         };
         let ms = t0.elapsed().as_secs_f64() * 1e3;
-        let samples = req.timing.enabled.then(|| Samples { kernel_ms: vec![ms], variant_ms: vec![ms], clock: "cpu-wall".into() });
-        let _ = Dtype::Bf16;
-        let _ = dcp::owner;
-        Ok(RunOutput { tensors, samples, notes: vec![] })
+        let samples = req.timing.enabled.then(|| Samples {
+            kernel_ms: vec![ms],
+            variant_ms: vec![ms],
+            clock: "cpu-wall".into(),
+        });
+        Ok(RunOutput {
+            tensors,
+            samples,
+            notes: vec![],
+        })
     }
 }

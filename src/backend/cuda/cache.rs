@@ -87,12 +87,7 @@ fn include_names(src: &str) -> Vec<String> {
 /// Hex sha256 over the format tag, the source, its local headers, the
 /// options and the NVRTC version; fields are length-prefixed so no two
 /// different inputs hash the same bytes.
-pub fn key(
-    source: &[u8],
-    headers: &BTreeMap<String, Vec<u8>>,
-    options: &[String],
-    nvrtc: (i32, i32),
-) -> String {
+pub fn key(source: &[u8], headers: &BTreeMap<String, Vec<u8>>, options: &[String], nvrtc: (i32, i32)) -> String {
     let mut h = Sha256::new();
     let mut field = |b: &[u8]| {
         h.update((b.len() as u64).to_le_bytes());
@@ -153,7 +148,8 @@ mod tests {
 
     #[test]
     fn include_lines_are_parsed() {
-        let src = "#include <cuda_bf16.h>\n  #  include \"common/merge.cuh\" // x\n#define include \"no\"\n#include MACRO\n";
+        let src =
+            "#include <cuda_bf16.h>\n  #  include \"common/merge.cuh\" // x\n#define include \"no\"\n#include MACRO\n";
         assert_eq!(
             include_names(src),
             vec!["cuda_bf16.h".to_string(), "common/merge.cuh".to_string()]
@@ -165,17 +161,9 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let k = t.path();
         std::fs::create_dir_all(k.join("common")).unwrap();
-        std::fs::write(
-            k.join("a.cu"),
-            "#include <cuda_bf16.h>\n#include \"common/x.cuh\"\n",
-        )
-        .unwrap();
+        std::fs::write(k.join("a.cu"), "#include <cuda_bf16.h>\n#include \"common/x.cuh\"\n").unwrap();
         std::fs::write(k.join("common/x.cuh"), "#include \"y.cuh\"\n").unwrap();
-        std::fs::write(
-            k.join("common/y.cuh"),
-            "#include \"common/x.cuh\"\nint y;\n",
-        )
-        .unwrap();
+        std::fs::write(k.join("common/y.cuh"), "#include \"common/x.cuh\"\nint y;\n").unwrap();
         let h = local_includes(k, &k.join("a.cu"));
         let names: Vec<&str> = h.keys().map(String::as_str).collect();
         assert_eq!(names, vec!["common/x.cuh", "common/y.cuh"]);
@@ -186,10 +174,7 @@ mod tests {
     fn key_changes_with_every_input() {
         let mut hdr = BTreeMap::new();
         hdr.insert("common/x.cuh".to_string(), b"int x;".to_vec());
-        let opts = vec![
-            "--gpu-architecture=sm_90a".to_string(),
-            "-DH=16".to_string(),
-        ];
+        let opts = vec!["--gpu-architecture=sm_90a".to_string(), "-DH=16".to_string()];
         let base = key(b"src", &hdr, &opts, (13, 0));
         assert_eq!(base.len(), 64);
         assert_eq!(base, key(b"src", &hdr, &opts, (13, 0)));

@@ -79,10 +79,7 @@ fn copy_bandwidth(dev: &CudaDevice, probe: &Probe) -> Result<(f64, f64, usize), 
     dev.fill_u32(&mut dst, 0xffff_ffff)?;
     let k = probe.copy();
     let n16 = (bytes / 16) as u64;
-    let grid = dev.props().sm_count as u32
-        * k.occupancy(256, 0)
-            .map_err(|e| dev.map_err("occupancy", e))?
-            .max(1);
+    let grid = dev.props().sm_count as u32 * k.occupancy(256, 0).map_err(|e| dev.map_err("occupancy", e))?.max(1);
     let cfg = LaunchConfig {
         grid_dim: (grid, 1, 1),
         block_dim: (256, 1, 1),
@@ -129,13 +126,7 @@ fn mma_rate(dev: &CudaDevice, probe: &Probe) -> Result<f64, BackendError> {
         dev.record(&a)?;
         // SAFETY: mlab_mma_bf16(float* out, int iters, unsigned seed): out
         // holds one float per launched thread.
-        unsafe {
-            dev.launch(k)
-                .arg(&mut out)
-                .arg(&iters)
-                .arg(&seed)
-                .launch(cfg)?
-        };
+        unsafe { dev.launch(k).arg(&mut out).arg(&iters).arg(&seed).launch(cfg)? };
         dev.record(&b)?;
         dev.elapsed_ms(&a, &b)
     };
@@ -143,8 +134,7 @@ fn mma_rate(dev: &CudaDevice, probe: &Probe) -> Result<f64, BackendError> {
     let probe_iters = 512;
     run(probe_iters)?;
     let t = run(probe_iters)?.max(1e-3);
-    let iters =
-        ((probe_iters as f64 * 10.0 / t) as i64).clamp(probe_iters as i64, i32::MAX as i64) as i32;
+    let iters = ((probe_iters as f64 * 10.0 / t) as i64).clamp(probe_iters as i64, i32::MAX as i64) as i32;
     run(iters)?;
     let mut ms = Vec::with_capacity(SAMPLES);
     for _ in 0..SAMPLES {
@@ -161,11 +151,7 @@ fn mma_rate(dev: &CudaDevice, probe: &Probe) -> Result<f64, BackendError> {
 
 /// Empty-kernel cost: between events (launch queued ahead, so this is the
 /// device-side cost), and per launch in a replayed graph.
-pub fn launch_overhead(
-    dev: &CudaDevice,
-    probe: &Probe,
-    timer: &Timer,
-) -> Result<LaunchOverhead, BackendError> {
+pub fn launch_overhead(dev: &CudaDevice, probe: &Probe, timer: &Timer) -> Result<LaunchOverhead, BackendError> {
     let k = probe.empty();
     let cfg = LaunchConfig {
         grid_dim: (1, 1, 1),
@@ -189,16 +175,7 @@ pub fn launch_overhead(
         spin: Some(probe.spin()),
     };
     let ev = timer.time_region(dev, &opts, aids, || Ok(()), launch)?;
-    let graph = timer.time_region(
-        dev,
-        &TimingOptions {
-            graph: true,
-            ..opts
-        },
-        aids,
-        || Ok(()),
-        launch,
-    )?;
+    let graph = timer.time_region(dev, &TimingOptions { graph: true, ..opts }, aids, || Ok(()), launch)?;
     Ok(LaunchOverhead {
         events_us: median(&ev.ms) * 1e3,
         graph_us: median(&graph.ms) * 1e3,

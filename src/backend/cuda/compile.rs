@@ -94,11 +94,7 @@ impl Compiler {
     }
 
     fn label(&self, spec: &KernelSpec) -> String {
-        format!(
-            "{} [{}]",
-            Path::new("kernels").join(spec.label()).display(),
-            self.arch
-        )
+        format!("{} [{}]", Path::new("kernels").join(spec.label()).display(), self.arch)
     }
 
     /// Compiles one configuration (or takes it from the cache) and checks
@@ -155,11 +151,7 @@ pub type CheckResults = Vec<(KernelSpec, Result<(), CompileError>)>;
 
 /// `mlabench kernels --check`: compile every configuration for `arch`
 /// without a GPU. Errors only when NVRTC or the headers are missing.
-pub fn check_all(
-    kernels_dir: &Path,
-    specs: &[KernelSpec],
-    arch: &str,
-) -> Result<CheckResults, EnvError> {
+pub fn check_all(kernels_dir: &Path, specs: &[KernelSpec], arch: &str) -> Result<CheckResults, EnvError> {
     Ok(Compiler::new(kernels_dir, arch)?.check_all(specs))
 }
 
@@ -283,16 +275,12 @@ fn nvrtc_compile(
 fn program_log(prog: &Program) -> String {
     let mut size = 0usize;
     // SAFETY: prog is live; size is a valid out pointer.
-    if unsafe { nv::nvrtcGetProgramLogSize(prog.0, &mut size) } != nv::nvrtcResult::NVRTC_SUCCESS
-        || size == 0
-    {
+    if unsafe { nv::nvrtcGetProgramLogSize(prog.0, &mut size) } != nv::nvrtcResult::NVRTC_SUCCESS || size == 0 {
         return String::new();
     }
     let mut buf = vec![0u8; size];
     // SAFETY: buf holds exactly the size NVRTC reported, NUL included.
-    if unsafe { nv::nvrtcGetProgramLog(prog.0, buf.as_mut_ptr() as *mut c_char) }
-        != nv::nvrtcResult::NVRTC_SUCCESS
-    {
+    if unsafe { nv::nvrtcGetProgramLog(prog.0, buf.as_mut_ptr() as *mut c_char) } != nv::nvrtcResult::NVRTC_SUCCESS {
         return String::new();
     }
     let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
@@ -317,13 +305,8 @@ mod tests {
         let spec = KernelSpec::new("probe.cu", &["mlab_empty"]);
         assert!(check_entry_points(fake, &spec, "x").is_ok());
         let spec = KernelSpec::new("probe.cu", &["mlab_empty", "mlab_copy_u128"]);
-        let e = check_entry_points(fake, &spec, "x")
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("mlab_copy_u128") && !e.contains("mlab_empty,"),
-            "{e}"
-        );
+        let e = check_entry_points(fake, &spec, "x").unwrap_err().to_string();
+        assert!(e.contains("mlab_copy_u128") && !e.contains("mlab_empty,"), "{e}");
     }
 
     fn kernels_dir() -> PathBuf {
@@ -361,9 +344,7 @@ mod tests {
         assert_eq!(again.cubin, first.cubin);
         assert_eq!(again.key, first.key);
         // A define is part of the key: a new configuration compiles afresh.
-        let other = c
-            .compile(&spec.clone().define("MLAB_MMA_CHAINS", 4))
-            .unwrap();
+        let other = c.compile(&spec.clone().define("MLAB_MMA_CHAINS", 4)).unwrap();
         assert!(!other.cache_hit);
         assert_ne!(other.key, first.key);
     }
@@ -383,9 +364,7 @@ mod tests {
             kernels_dir: t.path().to_path_buf(),
             ..c
         };
-        let e = c
-            .compile(&KernelSpec::new("broken.cu", &["k"]))
-            .unwrap_err();
+        let e = c.compile(&KernelSpec::new("broken.cu", &["k"])).unwrap_err();
         let msg = e.to_string();
         assert!(msg.contains("kernels/broken.cu [sm_90a]"), "{msg}");
         // NVRTC's own diagnostic, verbatim: file(line): error: ...
@@ -404,11 +383,6 @@ mod tests {
         assert_eq!(r.len(), 2);
         assert_eq!(r[0].0, good);
         assert!(r[0].1.is_ok());
-        assert!(r[1]
-            .1
-            .as_ref()
-            .unwrap_err()
-            .to_string()
-            .contains("no_such_kernel"));
+        assert!(r[1].1.as_ref().unwrap_err().to_string().contains("no_such_kernel"));
     }
 }

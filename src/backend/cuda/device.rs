@@ -16,9 +16,8 @@ use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::sys::{self, CUdevice_attribute as Attr};
 use cudarc::driver::{
-    CudaContext, CudaEvent, CudaFunction, CudaGraph, CudaModule, CudaSlice, CudaStream, DevicePtr,
-    DevicePtrMut, DeviceRepr, DriverError, LaunchArgs, LaunchConfig, PushKernelArg,
-    ValidAsZeroBits,
+    CudaContext, CudaEvent, CudaFunction, CudaGraph, CudaModule, CudaSlice, CudaStream, DevicePtr, DevicePtrMut,
+    DeviceRepr, DriverError, LaunchArgs, LaunchConfig, PushKernelArg, ValidAsZeroBits,
 };
 
 use super::error::EnvError;
@@ -72,7 +71,9 @@ impl CudaDevice {
         })?;
         let count = CudaContext::device_count().map_err(|e| drv("cuDeviceGetCount", e))?;
         if ordinal >= count.max(0) as usize {
-            return Err(EnvError::Driver(format!("no CUDA device with ordinal {ordinal}: {count} visible (check CUDA_VISIBLE_DEVICES)")));
+            return Err(EnvError::Driver(format!(
+                "no CUDA device with ordinal {ordinal}: {count} visible (check CUDA_VISIBLE_DEVICES)"
+            )));
         }
         let ctx = CudaContext::new(ordinal).map_err(|e| drv("creating the context", e))?;
         // SAFETY: this device issues all its work on the single stream created
@@ -143,10 +144,7 @@ impl CudaDevice {
         self.check("cuMemGetInfo", self.ctx.mem_get_info())
     }
 
-    pub fn alloc_zeros<T: DeviceRepr + ValidAsZeroBits>(
-        &self,
-        len: usize,
-    ) -> Result<DeviceBuffer<T>, BackendError> {
+    pub fn alloc_zeros<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Result<DeviceBuffer<T>, BackendError> {
         self.alive()?;
         let what = format!("allocating {} bytes", len * std::mem::size_of::<T>());
         self.check(&what, self.stream.alloc_zeros::<T>(len))
@@ -159,11 +157,7 @@ impl CudaDevice {
     }
 
     /// Copies `host` into the start of `dst` (which may be longer).
-    pub fn upload_into<T: DeviceRepr>(
-        &self,
-        host: &[T],
-        dst: &mut DeviceBuffer<T>,
-    ) -> Result<(), BackendError> {
+    pub fn upload_into<T: DeviceRepr>(&self, host: &[T], dst: &mut DeviceBuffer<T>) -> Result<(), BackendError> {
         self.alive()?;
         if host.len() > dst.len() {
             return Err(BackendError::Failed(format!(
@@ -177,21 +171,14 @@ impl CudaDevice {
 
     /// Copies a buffer (or a `buf.slice(..)` view) to the host, after all
     /// queued work.
-    pub fn download<T: DeviceRepr + Default + Clone, S: DevicePtr<T>>(
-        &self,
-        buf: &S,
-    ) -> Result<Vec<T>, BackendError> {
+    pub fn download<T: DeviceRepr + Default + Clone, S: DevicePtr<T>>(&self, buf: &S) -> Result<Vec<T>, BackendError> {
         self.alive()?;
         let v = self.check("downloading", self.stream.clone_dtoh(buf))?;
         self.sync()?;
         Ok(v)
     }
 
-    pub fn copy<T: DeviceRepr>(
-        &self,
-        src: &DeviceBuffer<T>,
-        dst: &mut DeviceBuffer<T>,
-    ) -> Result<(), BackendError> {
+    pub fn copy<T: DeviceRepr>(&self, src: &DeviceBuffer<T>, dst: &mut DeviceBuffer<T>) -> Result<(), BackendError> {
         self.alive()?;
         if src.len() > dst.len() {
             return Err(BackendError::Failed(format!(
@@ -254,16 +241,11 @@ impl CudaDevice {
     }
 
     /// Loads a CUBIN and resolves every entry point of `spec`.
-    pub fn load_module(
-        &self,
-        cubin: &[u8],
-        spec: &KernelSpec,
-    ) -> Result<LoadedModule, BackendError> {
+    pub fn load_module(&self, cubin: &[u8], spec: &KernelSpec) -> Result<LoadedModule, BackendError> {
         self.alive()?;
         let module = self.check(
             &format!("loading {}", spec.label()),
-            self.ctx
-                .load_module(cudarc::nvrtc::Ptx::from_binary(cubin.to_vec())),
+            self.ctx.load_module(cudarc::nvrtc::Ptx::from_binary(cubin.to_vec())),
         )?;
         let mut kernels = Vec::with_capacity(spec.entry_points.len());
         for &name in &spec.entry_points {
@@ -302,8 +284,7 @@ impl CudaDevice {
         self.alive()?;
         self.check(
             "cuEventCreate",
-            self.ctx
-                .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)),
+            self.ctx.new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)),
         )
     }
 
@@ -322,10 +303,7 @@ impl CudaDevice {
     /// Captures the stream work `f` issues into a graph. `f` may only
     /// launch kernels, memset and copy between device buffers: no
     /// allocation, host transfer or synchronization during capture.
-    pub fn capture(
-        &self,
-        f: impl FnOnce() -> Result<(), BackendError>,
-    ) -> Result<Graph, BackendError> {
+    pub fn capture(&self, f: impl FnOnce() -> Result<(), BackendError>) -> Result<Graph, BackendError> {
         self.alive()?;
         self.check(
             "cuStreamBeginCapture",
@@ -338,9 +316,7 @@ impl CudaDevice {
         body?;
         match self.check("ending the graph capture", ended)? {
             Some(graph) => Ok(Graph { graph }),
-            None => Err(BackendError::Failed(
-                "graph capture recorded no work".into(),
-            )),
+            None => Err(BackendError::Failed("graph capture recorded no work".into())),
         }
     }
 
@@ -378,8 +354,7 @@ fn query_props(ctx: &Arc<CudaContext>, ordinal: usize) -> Result<DeviceProps, Dr
         sm_clock_mhz: a(Attr::CU_DEVICE_ATTRIBUTE_CLOCK_RATE)? as f64 / 1e3,
         mem_clock_mhz: a(Attr::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE)? as f64 / 1e3,
         mem_bus_bits: a(Attr::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH)? as u32,
-        max_smem_per_block_optin: a(Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
-            as usize,
+        max_smem_per_block_optin: a(Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as usize,
         driver_version: (drv / 1000, (drv % 1000) / 10),
     })
 }
@@ -489,10 +464,10 @@ impl<'a> Launch<'a> {
 
     fn raise_smem(&self, bytes: u32) -> Result<(), BackendError> {
         let k = self.kernel;
-        let static_smem =
-            k.func
-                .shared_size_bytes()
-                .map_err(|e| self.dev.map_err("cuFuncGetAttribute", e))? as usize;
+        let static_smem = k
+            .func
+            .shared_size_bytes()
+            .map_err(|e| self.dev.map_err("cuFuncGetAttribute", e))? as usize;
         let max = self.dev.props.max_smem_per_block_optin;
         if bytes as usize + static_smem > max {
             return Err(BackendError::Failed(format!(
@@ -500,8 +475,7 @@ impl<'a> Launch<'a> {
                 k.name
             )));
         }
-        self.dev
-            .check("binding the context", self.dev.ctx.bind_to_thread())?;
+        self.dev.check("binding the context", self.dev.ctx.bind_to_thread())?;
         self.dev.check(
             "raising MAX_DYNAMIC_SHARED_SIZE_BYTES",
             k.func.set_attribute(

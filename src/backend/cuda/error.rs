@@ -7,11 +7,7 @@ use thiserror::Error;
 #[derive(Debug, Error)]
 pub enum EnvError {
     #[error("{lib} could not be loaded (tried: {tried}); {fix}")]
-    LibraryMissing {
-        lib: String,
-        tried: String,
-        fix: String,
-    },
+    LibraryMissing { lib: String, tried: String, fix: String },
     #[error("CUDA driver: {0}")]
     Driver(String),
     #[error(

@@ -10,19 +10,31 @@ use crate::metrics::POISON_BITS;
 use crate::plan::worklist::WorkList;
 use crate::variants::{kernels, CombineInputs, SplitMergeInputs, VariantPlan};
 use crate::workload::codec::bf16_from_bits;
-use crate::workload::{Elems, MlaWorkload, V4Workload, Workload};
+use crate::workload::{MlaWorkload, V4Workload, Workload};
 
 /// bf16 outputs are poisoned with this NaN; the download maps it to the f32 poison.
-const BF16_POISON: u16 = 0x7FA5;
+const BF16_POISON: u16 = crate::metrics::POISON_BF16;
 
 type R<T> = Result<T, BackendError>;
 
 fn cfg(grid: (u32, u32, u32), block: u32, smem: u32) -> LaunchConfig {
-    LaunchConfig { grid_dim: grid, block_dim: (block, 1, 1), shared_mem_bytes: smem }
+    LaunchConfig {
+        grid_dim: grid,
+        block_dim: (block, 1, 1),
+        shared_mem_bytes: smem,
+    }
 }
 
 fn bf16_out(bits: &[u16]) -> Vec<f32> {
-    bits.iter().map(|&b| if b == BF16_POISON { f32::from_bits(POISON_BITS) } else { bf16_from_bits(b) }).collect()
+    bits.iter()
+        .map(|&b| {
+            if b == BF16_POISON {
+                f32::from_bits(POISON_BITS)
+            } else {
+                bf16_from_bits(b)
+            }
+        })
+        .collect()
 }
 
 /// `[rows, hk, d]` -> `[rows, h, d]`.
@@ -44,14 +56,19 @@ fn pad_heads(bytes: &[u8], rows: usize, h: usize, hk: usize, row_bytes: usize) -
     }
     let mut out = vec![0u8; rows * hk * row_bytes];
     for i in 0..rows {
-        out[i * hk * row_bytes..(i * hk + h) * row_bytes].copy_from_slice(&bytes[i * h * row_bytes..(i + 1) * h * row_bytes]);
+        out[i * hk * row_bytes..(i * hk + h) * row_bytes]
+            .copy_from_slice(&bytes[i * h * row_bytes..(i + 1) * h * row_bytes]);
     }
     out
 }
 
 /// Samples of a kernel-only region and a whole-variant region.
 fn samples(kernel: Vec<f64>, variant: Vec<f64>, clock: &str) -> Samples {
-    Samples { kernel_ms: kernel, variant_ms: variant, clock: clock.to_string() }
+    Samples {
+        kernel_ms: kernel,
+        variant_ms: variant,
+        clock: clock.to_string(),
+    }
 }
 
 /// Device buffers of one MLA rank.
@@ -94,8 +111,16 @@ impl CudaBackend {
         let (n, h) = (w.p.total_q(), w.heads());
         let o = bf16_out(&self.dev.download(&b.o)?);
         let lse = self.dev.download(&b.lse)?;
-        out.push(OutTensor { name: format!("o.r{r}"), row_len: h * MLA_D_V, data: strip(&o, n, hk, h, MLA_D_V) });
-        out.push(OutTensor { name: format!("lse.r{r}"), row_len: h, data: strip(&lse, n, hk, h, 1) });
+        out.push(OutTensor {
+            name: format!("o.r{r}"),
+            row_len: h * MLA_D_V,
+            data: strip(&o, n, hk, h, MLA_D_V),
+        });
+        out.push(OutTensor {
+            name: format!("lse.r{r}"),
+            row_len: h,
+            data: strip(&lse, n, hk, h, 1),
+        });
         Ok(())
     }
 
@@ -115,14 +140,16 @@ impl CudaBackend {
             let (items, reduce) = wl.to_i32();
             let work_indptr = self.dev.upload(&wl.work_indptr)?;
             let work_items = self.dev.upload(&items)?;
-            let reduce_items = self.dev.upload(if reduce.is_empty() { &[0i32; 4][..] } else { &reduce })?;
+            let reduce_items = self
+                .dev
+                .upload(if reduce.is_empty() { &[0i32; 4][..] } else { &reduce })?;
             let parts = wl.num_partial_rows.max(1);
             let part_o = self.dev.alloc_zeros::<f32>(parts * hk * MLA_D_V)?;
             let part_lse = self.dev.alloc_zeros::<f32>(parts * hk)?;
             let rank = r as i32 + rs;
             let n_red = wl.reduce.len() as u32;
             let dev = &self.dev;
-            let mut fwd_launch = |b: &mut MlaRank| -> R<()> {
+            let fwd_launch = |b: &mut MlaRank| -> R<()> {
                 // SAFETY: argument list matches ps1_fwd in ABI-kmla; every buffer
                 // is sized from the workload and work list the kernel indexes.
                 unsafe {
@@ -154,7 +181,15 @@ impl CudaBackend {
                 }
                 // SAFETY: matches ps1_reduce in ABI-kmla; reduce items index partial
                 // rows below num_partial_rows and final rows below total_q.
-                unsafe { dev.launch(red).arg(&part_o).arg(&part_lse).arg(&reduce_items).arg(&mut b.o).arg(&mut b.lse).launch(cfg((n_red, hk as u32, 1), 128, 0)) }
+                unsafe {
+                    dev.launch(red)
+                        .arg(&part_o)
+                        .arg(&part_lse)
+                        .arg(&reduce_items)
+                        .arg(&mut b.o)
+                        .arg(&mut b.lse)
+                        .launch(cfg((n_red, hk as u32, 1), 128, 0))
+                }
             };
             fwd_launch(&mut b)?;
             red_launch(&mut b)?;
@@ -162,11 +197,19 @@ impl CudaBackend {
             self.mla_outputs(w, r, hk, &b, &mut tensors)?;
             if r == 0 && timing.enabled {
                 let k = self.time_region(timing, || Ok(()), |_| fwd_launch(&mut b))?;
-                let v = self.time_region(timing, || Ok(()), |_| fwd_launch(&mut b).and_then(|_| red_launch(&mut b)))?;
+                let v = self.time_region(
+                    timing,
+                    || Ok(()),
+                    |_| fwd_launch(&mut b).and_then(|_| red_launch(&mut b)),
+                )?;
                 timed = Some(samples(k.ms, v.ms, v.clock));
             }
         }
-        Ok(RunOutput { tensors, samples: timed, notes: self.take_notes() })
+        Ok(RunOutput {
+            tensors,
+            samples: timed,
+            notes: self.take_notes(),
+        })
     }
 
     fn run_page64(&mut self, w: &MlaWorkload, hk: usize, splits: &[usize], timing: &TimingOptions) -> R<RunOutput> {
@@ -188,7 +231,7 @@ impl CudaBackend {
             let ns_i = ns as i32;
             let dev = &self.dev;
             let grid = ((hk / 16) as u32, ns as u32, w.p.batch as u32);
-            let mut fwd_launch = |b: &mut MlaRank| -> R<()> {
+            let fwd_launch = |b: &mut MlaRank| -> R<()> {
                 // SAFETY: matches page64_fwd in ABI-kmla; the pool, page table and
                 // partials are sized from this rank's shard and split count.
                 unsafe {
@@ -215,7 +258,15 @@ impl CudaBackend {
                     return Ok(());
                 }
                 // SAFETY: matches page64_merge in ABI-kmla: [total_q, n, HK] partials.
-                unsafe { dev.launch(mrg).arg(&part_o).arg(&part_lse).arg(&ns_i).arg(&mut b.o).arg(&mut b.lse).launch(cfg((n as u32, hk as u32, 1), 128, 0)) }
+                unsafe {
+                    dev.launch(mrg)
+                        .arg(&part_o)
+                        .arg(&part_lse)
+                        .arg(&ns_i)
+                        .arg(&mut b.o)
+                        .arg(&mut b.lse)
+                        .launch(cfg((n as u32, hk as u32, 1), 128, 0))
+                }
             };
             fwd_launch(&mut b)?;
             mrg_launch(&mut b)?;
@@ -223,11 +274,19 @@ impl CudaBackend {
             self.mla_outputs(w, r, hk, &b, &mut tensors)?;
             if r == 0 && timing.enabled {
                 let k = self.time_region(timing, || Ok(()), |_| fwd_launch(&mut b))?;
-                let v = self.time_region(timing, || Ok(()), |_| fwd_launch(&mut b).and_then(|_| mrg_launch(&mut b)))?;
+                let v = self.time_region(
+                    timing,
+                    || Ok(()),
+                    |_| fwd_launch(&mut b).and_then(|_| mrg_launch(&mut b)),
+                )?;
                 timed = Some(samples(k.ms, v.ms, v.clock));
             }
         }
-        Ok(RunOutput { tensors, samples: timed, notes: self.take_notes() })
+        Ok(RunOutput {
+            tensors,
+            samples: timed,
+            notes: self.take_notes(),
+        })
     }
 
     fn run_combine(&mut self, c: &CombineInputs, timing: &TimingOptions) -> R<RunOutput> {
@@ -244,7 +303,17 @@ impl CudaBackend {
         let dev = &self.dev;
         let mut launch = || -> R<()> {
             // SAFETY: matches dcp_combine in ABI-kmla: [W, rows, H, 512] in, [rows, H, 512] out.
-            unsafe { dev.launch(k).arg(&o_r).arg(&lse_r).arg(&wi).arg(&ri).arg(&hi).arg(&mut o).arg(&mut lse).launch(cfg(((rows * h) as u32, 1, 1), 64, 0)) }
+            unsafe {
+                dev.launch(k)
+                    .arg(&o_r)
+                    .arg(&lse_r)
+                    .arg(&wi)
+                    .arg(&ri)
+                    .arg(&hi)
+                    .arg(&mut o)
+                    .arg(&mut lse)
+                    .launch(cfg(((rows * h) as u32, 1, 1), 64, 0))
+            }
         };
         launch()?;
         let timed = if timing.enabled {
@@ -254,10 +323,22 @@ impl CudaBackend {
             None
         };
         let tensors = vec![
-            OutTensor { name: "o".into(), row_len: h * MLA_D_V, data: bf16_out(&self.dev.download(&o)?) },
-            OutTensor { name: "lse".into(), row_len: h, data: self.dev.download(&lse)? },
+            OutTensor {
+                name: "o".into(),
+                row_len: h * MLA_D_V,
+                data: bf16_out(&self.dev.download(&o)?),
+            },
+            OutTensor {
+                name: "lse".into(),
+                row_len: h,
+                data: self.dev.download(&lse)?,
+            },
         ];
-        Ok(RunOutput { tensors, samples: timed, notes: self.take_notes() })
+        Ok(RunOutput {
+            tensors,
+            samples: timed,
+            notes: self.take_notes(),
+        })
     }
 }
 
@@ -291,8 +372,16 @@ impl CudaBackend {
         let o = bf16_out(&self.dev.download(o)?);
         let lse = self.dev.download(lse)?;
         Ok(vec![
-            OutTensor { name: "o".into(), row_len: h * V4_D, data: strip(&o, t, hk, h, V4_D) },
-            OutTensor { name: "lse".into(), row_len: h, data: strip(&lse, t, hk, h, 1) },
+            OutTensor {
+                name: "o".into(),
+                row_len: h * V4_D,
+                data: strip(&o, t, hk, h, V4_D),
+            },
+            OutTensor {
+                name: "lse".into(),
+                row_len: h,
+                data: strip(&lse, t, hk, h, 1),
+            },
         ])
     }
 
@@ -337,9 +426,20 @@ impl CudaBackend {
                     .launch(cfg(grid, 256, smem))
             }
         };
-        let mut merge = |o: &mut DeviceBuffer<u16>, lse: &mut DeviceBuffer<f32>| -> R<()> {
+        let merge = |o: &mut DeviceBuffer<u16>, lse: &mut DeviceBuffer<f32>| -> R<()> {
             // SAFETY: matches split_merge in ABI-kmla: slots from the same split CSR.
-            unsafe { dev.launch(km).arg(&part_o).arg(&part_lse).arg(&plan).arg(&inp.sink).arg(&rows).arg(&hki).arg(o).arg(lse).launch(cfg(((w.t * hk) as u32, 1, 1), 128, 0)) }
+            unsafe {
+                dev.launch(km)
+                    .arg(&part_o)
+                    .arg(&part_lse)
+                    .arg(&plan)
+                    .arg(&inp.sink)
+                    .arg(&rows)
+                    .arg(&hki)
+                    .arg(o)
+                    .arg(lse)
+                    .launch(cfg(((w.t * hk) as u32, 1, 1), 128, 0))
+            }
         };
         split()?;
         merge(&mut o, &mut lse)?;
@@ -352,7 +452,11 @@ impl CudaBackend {
         } else {
             None
         };
-        Ok(RunOutput { tensors, samples: timed, notes: self.take_notes() })
+        Ok(RunOutput {
+            tensors,
+            samples: timed,
+            notes: self.take_notes(),
+        })
     }
 
     fn run_hca(&mut self, w: &V4Workload, parts: usize, timing: &TimingOptions) -> R<RunOutput> {
@@ -369,43 +473,50 @@ impl CudaBackend {
         let grid = (kernels::v4_groups(hk), parts as u32, 1);
         let smem = kernels::v4_smem(hk);
         let dev = &self.dev;
-        let mut launch = |counters: &mut DeviceBuffer<i32>| -> R<()> {
-            // SAFETY: matches hca_persist in ABI-kv4; the workspace holds 2P slots
-            // and a counter per row.
-            unsafe {
-                dev.launch(k)
-                    .arg(&inp.q)
-                    .arg(&inp.q_rope)
-                    .arg(&inp.pool)
-                    .arg(&inp.pool_rope)
-                    .arg(&inp.kv_indptr)
-                    .arg(&inp.kv_indices)
-                    .arg(&inp.sink)
-                    .arg(&sm)
-                    .arg(&n_rows)
-                    .arg(&pi)
-                    .arg(&o_acc)
-                    .arg(&lse_acc)
-                    .arg(counters)
-                    .arg(&mut o)
-                    .arg(&mut lse)
-                    .launch(cfg(grid, 256, smem))
-            }
-        };
-        launch(&mut counters)?;
+        let launch =
+            |counters: &mut DeviceBuffer<i32>, o: &mut DeviceBuffer<u16>, lse: &mut DeviceBuffer<f32>| -> R<()> {
+                // SAFETY: matches hca_persist in ABI-kv4; the workspace holds 2P slots
+                // and a counter per row.
+                unsafe {
+                    dev.launch(k)
+                        .arg(&inp.q)
+                        .arg(&inp.q_rope)
+                        .arg(&inp.pool)
+                        .arg(&inp.pool_rope)
+                        .arg(&inp.kv_indptr)
+                        .arg(&inp.kv_indices)
+                        .arg(&inp.sink)
+                        .arg(&sm)
+                        .arg(&n_rows)
+                        .arg(&pi)
+                        .arg(&o_acc)
+                        .arg(&lse_acc)
+                        .arg(counters)
+                        .arg(o)
+                        .arg(lse)
+                        .launch(cfg(grid, 256, smem))
+                }
+            };
+        launch(&mut counters, &mut o, &mut lse)?;
         self.dev.sync()?;
         let left = self.dev.download(&counters)?.iter().filter(|&&c| c != 0).count();
         if left > 0 {
-            return Err(BackendError::Failed(format!("hca_persist left {left} row counters non-zero; the last finisher must reset them")));
+            return Err(BackendError::Failed(format!(
+                "hca_persist left {left} row counters non-zero; the last finisher must reset them"
+            )));
         }
         let tensors = self.v4_outputs(w, &o, &lse)?;
         let timed = if timing.enabled {
-            let s = self.time_region(timing, || Ok(()), |_| launch(&mut counters))?;
+            let s = self.time_region(timing, || Ok(()), |_| launch(&mut counters, &mut o, &mut lse))?;
             Some(samples(s.ms.clone(), s.ms, s.clock))
         } else {
             None
         };
-        Ok(RunOutput { tensors, samples: timed, notes: self.take_notes() })
+        Ok(RunOutput {
+            tensors,
+            samples: timed,
+            notes: self.take_notes(),
+        })
     }
 
     fn run_split_merge(&mut self, w: &V4Workload, s: &SplitMergeInputs, timing: &TimingOptions) -> R<RunOutput> {
@@ -413,13 +524,29 @@ impl CudaBackend {
         let k = m.kernel("split_merge")?;
         let (rows, h, d) = (s.rows.len(), s.heads, V4_D);
         let indptr: Vec<i32> = (0..=rows).map(|i| (i * s.n) as i32).collect();
-        let (po, pl, ip, sink) = (self.dev.upload(&s.o)?, self.dev.upload(&s.lse)?, self.dev.upload(&indptr)?, self.dev.upload(&s.sink)?);
+        let (po, pl, ip, sink) = (
+            self.dev.upload(&s.o)?,
+            self.dev.upload(&s.lse)?,
+            self.dev.upload(&indptr)?,
+            self.dev.upload(&s.sink)?,
+        );
         let (mut o, mut lse) = self.poisoned_out(rows, h)?;
         let (ri, hi) = (rows as i32, h as i32);
         let dev = &self.dev;
         let mut launch = || -> R<()> {
             // SAFETY: matches split_merge in ABI-kmla: rows*n slots of [H, 512].
-            unsafe { dev.launch(k).arg(&po).arg(&pl).arg(&ip).arg(&sink).arg(&ri).arg(&hi).arg(&mut o).arg(&mut lse).launch(cfg(((rows * h) as u32, 1, 1), 128, 0)) }
+            unsafe {
+                dev.launch(k)
+                    .arg(&po)
+                    .arg(&pl)
+                    .arg(&ip)
+                    .arg(&sink)
+                    .arg(&ri)
+                    .arg(&hi)
+                    .arg(&mut o)
+                    .arg(&mut lse)
+                    .launch(cfg(((rows * h) as u32, 1, 1), 128, 0))
+            }
         };
         launch()?;
         let timed = if timing.enabled {
@@ -437,25 +564,41 @@ impl CudaBackend {
             of[i * h * d..(i + 1) * h * d].copy_from_slice(&oc[k * h * d..(k + 1) * h * d]);
             lf[i * h..(i + 1) * h].copy_from_slice(&lc[k * h..(k + 1) * h]);
         }
-        let tensors = vec![OutTensor { name: "o".into(), row_len: h * d, data: of }, OutTensor { name: "lse".into(), row_len: h, data: lf }];
-        Ok(RunOutput { tensors, samples: timed, notes: self.take_notes() })
+        let tensors = vec![
+            OutTensor {
+                name: "o".into(),
+                row_len: h * d,
+                data: of,
+            },
+            OutTensor {
+                name: "lse".into(),
+                row_len: h,
+                data: lf,
+            },
+        ];
+        Ok(RunOutput {
+            tensors,
+            samples: timed,
+            notes: self.take_notes(),
+        })
     }
 
     /// Dispatches one variant run.
     pub(super) fn run_request(&mut self, req: &RunRequest) -> R<RunOutput> {
         match (req.workload, req.plan) {
-            (Workload::Mla(w), VariantPlan::Ps1 { kernel_heads, ranks }) => self.run_ps1(w, *kernel_heads, ranks, req.timing),
-            (Workload::Mla(w), VariantPlan::Page64 { kernel_heads, splits }) => self.run_page64(w, *kernel_heads, splits, req.timing),
+            (Workload::Mla(w), VariantPlan::Ps1 { kernel_heads, ranks }) => {
+                self.run_ps1(w, *kernel_heads, ranks, req.timing)
+            }
+            (Workload::Mla(w), VariantPlan::Page64 { kernel_heads, splits }) => {
+                self.run_page64(w, *kernel_heads, splits, req.timing)
+            }
             (Workload::Mla(_), VariantPlan::DcpCombine(c)) => self.run_combine(c, req.timing),
             (Workload::V4(w), VariantPlan::V4Split(s)) => self.run_v4_split(w, &s.split_indptr, s.n, req.timing),
             (Workload::V4(w), VariantPlan::HcaPersist { partitions, .. }) => self.run_hca(w, *partitions, req.timing),
             (Workload::V4(w), VariantPlan::SplitMerge(s)) => self.run_split_merge(w, s, req.timing),
-            _ => Err(BackendError::Unsupported("plan does not match the workload family".into())),
+            _ => Err(BackendError::Unsupported(
+                "plan does not match the workload family".into(),
+            )),
         }
     }
-}
-
-#[allow(dead_code)]
-fn _elems_is_used(e: &Elems) -> usize {
-    e.len()
 }

@@ -41,9 +41,7 @@ pub fn ensure_libcuda() -> Result<(), EnvError> {
     }
     Err(EnvError::LibraryMissing {
         lib: "libcuda.so (the NVIDIA driver)".into(),
-        tried:
-            "libcuda.so, libcuda.so.1 and the other names cudarc knows, on the loader search path"
-                .into(),
+        tried: "libcuda.so, libcuda.so.1 and the other names cudarc knows, on the loader search path".into(),
         fix: "this machine needs an NVIDIA GPU and driver; inside a container, start it with the \
               NVIDIA runtime (--gpus all) so libcuda.so.1 is mounted, or add the driver's \
               directory to LD_LIBRARY_PATH"
@@ -80,9 +78,7 @@ fn find_and_load_nvrtc() -> Result<NvrtcLib, String> {
     if unsafe { nvrtc_sys::is_culib_present() } {
         return finish("loader search path".into(), None);
     }
-    tried.push(
-        "loader search path (LD_LIBRARY_PATH, ldconfig) for libnvrtc.so, libnvrtc.so.13".into(),
-    );
+    tried.push("loader search path (LD_LIBRARY_PATH, ldconfig) for libnvrtc.so, libnvrtc.so.13".into());
     let mut dirs = toolkit_dirs("lib64");
     dirs.extend(toolkit_dirs("lib"));
     if let Ok(inc) = std::env::var("MLABENCH_CUDA_INCLUDE") {
@@ -105,9 +101,7 @@ fn find_and_load_nvrtc() -> Result<NvrtcLib, String> {
             break;
         }
         pip_tried = true;
-        dirs = pip_cu13_dir()
-            .map(|d| vec![d.join("lib")])
-            .unwrap_or_default();
+        dirs = pip_cu13_dir().map(|d| vec![d.join("lib")]).unwrap_or_default();
         if dirs.is_empty() {
             tried.push("pip nvidia-cuda-nvrtc (python3 found no nvidia/cu13)".into());
             break;
@@ -176,11 +170,7 @@ fn toolkit_dirs(sub: &str) -> Vec<PathBuf> {
     roots.push(PathBuf::from("/usr/local/cuda"));
     let mut out: Vec<PathBuf> = roots.iter().map(|r| r.join(sub)).collect();
     if sub != "lib64" {
-        out.extend(
-            roots
-                .iter()
-                .map(|r| r.join("targets/x86_64-linux").join(sub)),
-        );
+        out.extend(roots.iter().map(|r| r.join("targets/x86_64-linux").join(sub)));
     }
     out
 }
@@ -284,7 +274,10 @@ mod dl {
     use std::path::Path;
 
     pub fn open_global(path: &Path) -> Result<(), String> {
-        Err(format!("{}: loading by path is only supported on Linux; put its directory on the loader's search path", path.display()))
+        Err(format!(
+            "{}: loading by path is only supported on Linux; put its directory on the loader's search path",
+            path.display()
+        ))
     }
 }
 
@@ -296,9 +289,7 @@ mod tests {
     fn toolkit_dirs_end_with_usr_local_cuda() {
         let d = toolkit_dirs("include");
         assert!(d.contains(&PathBuf::from("/usr/local/cuda/include")));
-        assert!(d.contains(&PathBuf::from(
-            "/usr/local/cuda/targets/x86_64-linux/include"
-        )));
+        assert!(d.contains(&PathBuf::from("/usr/local/cuda/targets/x86_64-linux/include")));
         assert_eq!(
             toolkit_dirs("lib64").last(),
             Some(&PathBuf::from("/usr/local/cuda/lib64"))

@@ -148,8 +148,7 @@ impl CudaBackend {
         between: impl FnMut() -> Result<(), BackendError>,
         launch: impl FnMut(usize) -> Result<(), BackendError>,
     ) -> Result<RegionSamples, BackendError> {
-        self.timer
-            .time_region(&self.dev, opts, self.aids(), between, launch)
+        self.timer.time_region(&self.dev, opts, self.aids(), between, launch)
     }
 
     pub fn report(&self) -> DeviceReport {
@@ -190,17 +189,10 @@ fn device_info(dev: &CudaDevice, compiler: &Compiler, ceilings: Option<&Ceilings
         ),
         (
             "nvrtc".into(),
-            format!(
-                "{}.{}",
-                compiler.nvrtc().version.0,
-                compiler.nvrtc().version.1
-            ),
+            format!("{}.{}", compiler.nvrtc().version.0, compiler.nvrtc().version.1),
         ),
         ("sm_clock_max_mhz".into(), format!("{:.0}", p.sm_clock_mhz)),
-        (
-            "mem_clock_max_mhz".into(),
-            format!("{:.0}", p.mem_clock_mhz),
-        ),
+        ("mem_clock_max_mhz".into(), format!("{:.0}", p.mem_clock_mhz)),
         (
             "mem_total_gib".into(),
             format!("{:.1}", p.total_mem_bytes as f64 / (1u64 << 30) as f64),

@@ -70,22 +70,13 @@ impl DeviceReport {
     pub fn lines(&self) -> Vec<(String, String)> {
         let p = &self.props;
         let mut v = vec![
-            (
-                "device".to_string(),
-                format!("{} (ordinal {})", p.name, p.ordinal),
-            ),
+            ("device".to_string(), format!("{} (ordinal {})", p.name, p.ordinal)),
             (
                 "compute capability".into(),
-                format!(
-                    "{}.{} -> {}",
-                    p.compute_capability.0, p.compute_capability.1, self.arch
-                ),
+                format!("{}.{} -> {}", p.compute_capability.0, p.compute_capability.1, self.arch),
             ),
             ("SMs".into(), p.sm_count.to_string()),
-            (
-                "L2".into(),
-                format!("{:.1} MiB", p.l2_bytes as f64 / (1 << 20) as f64),
-            ),
+            ("L2".into(), format!("{:.1} MiB", p.l2_bytes as f64 / (1 << 20) as f64)),
             (
                 "memory".into(),
                 format!(
@@ -96,10 +87,7 @@ impl DeviceReport {
             ),
             (
                 "max clocks (rated)".into(),
-                format!(
-                    "SM {:.0} MHz, memory {:.0} MHz",
-                    p.sm_clock_mhz, p.mem_clock_mhz
-                ),
+                format!("SM {:.0} MHz, memory {:.0} MHz", p.sm_clock_mhz, p.mem_clock_mhz),
             ),
             (
                 "smem per block (opt-in)".into(),
@@ -197,13 +185,7 @@ mod tests {
             launch: None,
         };
         let lines = r.lines();
-        let get = |k: &str| {
-            lines
-                .iter()
-                .find(|(a, _)| a == k)
-                .map(|(_, b)| b.clone())
-                .unwrap()
-        };
+        let get = |k: &str| lines.iter().find(|(a, _)| a == k).map(|(_, b)| b.clone()).unwrap();
         assert_eq!(get("SMs"), "132");
         assert_eq!(get("L2"), "60.0 MiB");
         assert_eq!(get("compute capability"), "9.0 -> sm_90a");

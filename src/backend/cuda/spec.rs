@@ -30,10 +30,7 @@ impl KernelSpec {
 
     /// `-DNAME=VALUE` options, in order.
     pub fn define_options(&self) -> Vec<String> {
-        self.defines
-            .iter()
-            .map(|(k, v)| format!("-D{k}={v}"))
-            .collect()
+        self.defines.iter().map(|(k, v)| format!("-D{k}={v}")).collect()
     }
 
     /// `ps1.cu -DHEADS=64 -DFP8=1`: names one configuration in logs and errors.

@@ -25,8 +25,7 @@ impl L2Flush {
     /// `kernel` is probe.cu's `mlab_l2_flush`.
     pub fn new(dev: &CudaDevice, kernel: &Kernel) -> Result<Self, BackendError> {
         let bytes = (2 * dev.props().l2_bytes).max(1 << 20).next_multiple_of(16);
-        let grid =
-            (dev.props().sm_count as u32 * kernel.occupancy(256, 0).unwrap_or(4).max(1)).max(1);
+        let grid = (dev.props().sm_count as u32 * kernel.occupancy(256, 0).unwrap_or(4).max(1)).max(1);
         Ok(L2Flush {
             buf: dev.alloc_zeros::<u32>(bytes / 4)?,
             sink: dev.alloc_zeros::<u32>(1)?,
@@ -158,9 +157,7 @@ impl Timer {
         let mut measured = 0.0;
         let more = |n: usize, measured: f64| {
             n < opts.min_samples.max(1)
-                || (measured < opts.min_time_ms
-                    && n < self.max_samples
-                    && t0.elapsed() < self.max_wall)
+                || (measured < opts.min_time_ms && n < self.max_samples && t0.elapsed() < self.max_wall)
         };
         if opts.graph {
             let n = self.graph_launches.max(1);
