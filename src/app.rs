@@ -355,3 +355,93 @@ pub fn device(args: &crate::cli::DeviceArgs) -> Result<u8> {
 pub fn open_backend(choice: BackendChoice, kernels_dir: &Path) -> Result<Box<dyn Backend>, InputError> {
     backend::select(choice, kernels_dir).map(|(b, _)| b)
 }
+
+/// Times every split count of each V4 workload, the heuristic's pick and
+/// hca_persist; writes splits.csv and splits.svg next to the run's rows.
+pub fn splits(args: &crate::cli::SplitsArgs) -> Result<u8> {
+    use crate::splits::{Point, Study};
+    let (cases, _) = resolve_cases(std::slice::from_ref(&args.scenario), &args.cases, &[VariantId::V4Split, VariantId::HcaPersist])?;
+    let (mut backend, notice) = backend::select(args.backend, &args.kernels_dir)?;
+    if let Some(n) = notice {
+        eprintln!("{n}");
+    }
+    let timing = TimingOptions { enabled: true, warmup: 3, min_samples: args.min_samples.max(1), min_time_ms: args.min_time_ms, cold_l2: true, graph: args.graph };
+    let bname = backend.info().backend.clone();
+    let opts = RunOptions { check_rows: args.check_rows, timing, dump: None, repro_flags: format!(" --backend {bname}") };
+    let meta = RunMeta {
+        run_id: args.run_id.clone().unwrap_or_else(|| format!("splits-{}", chrono::Utc::now().format("%Y%m%d-%H%M%S"))),
+        started: chrono::Utc::now().to_rfc3339(),
+        mlabench_version: env!("CARGO_PKG_VERSION").to_string(),
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        scenarios: vec![args.scenario.display().to_string()],
+        backend: bname,
+        device: backend.info().clone(),
+        check_rows: args.check_rows,
+        reference_gflops: None,
+    };
+    let mut dir = RunDir::create(&args.out, meta)?;
+    // One study per workload: the first case of each data id is its template.
+    let mut seen = std::collections::HashSet::new();
+    let bases: Vec<&Case> = cases.iter().filter(|c| seen.insert(data_id(c))).collect();
+    let progress = Progress::new((bases.len() * 17) as u64, false);
+    let mut caches = Caches::default();
+    let mut studies = Vec::new();
+    let point = |row: &crate::result::Row, n: usize| -> Option<Point> {
+        let l = row.latency.iter().find(|l| l.region == "variant")?;
+        Some(Point { n, median_ms: l.summary.median, p10_ms: l.summary.p10, p90_ms: l.summary.p90, pass: row.status == Status::Pass })
+    };
+    for base in bases {
+        let CaseParams::V4(p) = &base.params else { continue };
+        let bound = crate::plan::v4::kv_len_bound(p.layer, p.index_topk, p.max_model_len);
+        let pick = crate::plan::v4::v4_split_plan(p.rows, p.padded_rows, p.kernel_heads(), bound, base.cus, None);
+        let lens: Vec<usize> = p.positions.iter().map(|&pos| variants::v4_row_len(p, pos)).collect();
+        let mut study = Study {
+            data_id: data_id(base),
+            layer: p.layer.to_string(),
+            rows: p.rows,
+            heads: p.heads,
+            mean_len: lens.iter().sum::<usize>() as f64 / lens.len().max(1) as f64,
+            heuristic_n: pick.n,
+            heuristic_source: format!("{:?}", pick.source).to_lowercase(),
+            points: vec![],
+            hca: None,
+            hca_gate: None,
+        };
+        for n in 1..=16 {
+            let mut c = base.clone();
+            c.variant = VariantId::V4Split;
+            c.v4.splits = Some(n);
+            c.id = format!("{}-n{n}", study.data_id);
+            progress.start(&c.key());
+            let out = runner::run_case(&c, &mut caches, backend.as_mut(), &opts);
+            if let Some(pt) = point(&out.row, n) {
+                study.points.push(pt);
+            }
+            dir.push(out.row)?;
+            progress.inc();
+        }
+        let mut c = base.clone();
+        c.variant = VariantId::HcaPersist;
+        c.id = study.data_id.clone();
+        progress.start(&c.key());
+        let d = variants::decide(&c);
+        let out = runner::run_case(&c, &mut caches, backend.as_mut(), &opts);
+        match d.fallback {
+            Some(why) => study.hca_gate = Some(why),
+            None => study.hca = point(&out.row, 0),
+        }
+        dir.push(out.row)?;
+        progress.inc();
+        studies.push(study);
+    }
+    progress.finish();
+    dir.finish(|_| ())?;
+    std::fs::write(dir.path().join("splits.csv"), report::splits::csv(&studies)?)?;
+    std::fs::write(dir.path().join("splits.svg"), report::splits::svg(&studies)?)?;
+    std::fs::write(dir.path().join("splits.json"), serde_json::to_vec_pretty(&studies)?)?;
+    println!("{}", report::splits::table(&studies));
+    println!("{}", report::table::summary_line(dir.rows()));
+    println!("results: {} (splits.csv, splits.svg)", dir.path().display());
+    let failed = dir.rows().iter().any(|r| matches!(r.status, Status::Fail | Status::Error));
+    Ok(if failed { exit::CHECK_FAILED } else { exit::OK })
+}

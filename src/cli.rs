@@ -26,6 +26,8 @@ pub enum Command {
     Device(DeviceArgs),
     /// Compile kernels with NVRTC (no GPU needed with --check).
     Kernels(KernelsArgs),
+    /// Time v4_split at every n in 1..=16, the heuristic's pick and hca_persist.
+    Splits(SplitsArgs),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -125,6 +127,33 @@ pub struct KernelsArgs {
     /// Target architecture [default: the device's, or sm_90a without one].
     #[arg(long)]
     pub arch: Option<String>,
+    #[arg(long, default_value = "kernels")]
+    pub kernels_dir: PathBuf,
+}
+
+#[derive(Args, Debug)]
+pub struct SplitsArgs {
+    /// Scenario with [[v4]] blocks (the [[mla]] blocks are ignored).
+    pub scenario: PathBuf,
+    #[arg(long, value_enum, default_value_t = BackendChoice::Auto)]
+    pub backend: BackendChoice,
+    /// Check a seeded sample of N rows per run.
+    #[arg(long, value_name = "N")]
+    pub check_rows: Option<usize>,
+    /// Only workloads whose id contains this text (repeatable).
+    #[arg(long = "case", value_name = "ID")]
+    pub cases: Vec<String>,
+    #[arg(long, default_value = "results")]
+    pub out: PathBuf,
+    #[arg(long)]
+    pub run_id: Option<String>,
+    /// Time CUDA-graph replays instead of individual launches.
+    #[arg(long)]
+    pub graph: bool,
+    #[arg(long, default_value_t = 10)]
+    pub min_samples: usize,
+    #[arg(long, default_value_t = 50.0, value_name = "MS")]
+    pub min_time_ms: f64,
     #[arg(long, default_value = "kernels")]
     pub kernels_dir: PathBuf,
 }

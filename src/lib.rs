@@ -15,6 +15,7 @@ pub mod report;
 pub mod result;
 pub mod runner;
 pub mod scenario;
+pub mod splits;
 pub mod stats;
 pub mod variants;
 pub mod workload;

@@ -13,6 +13,7 @@ fn run() -> anyhow::Result<u8> {
         Command::Plan(a) => app::plan(a),
         Command::Device(a) => app::device(a),
         Command::Kernels(a) => app::kernels(a),
+        Command::Splits(a) => app::splits(a),
     }
 }
 

@@ -90,3 +90,8 @@ mod tests {
         assert!(matches!(check_all(k, &[], "sm_90a"), Err(EnvError::Disabled)));
     }
 }
+
+/// The ceiling probes' kernel configuration (nothing compiles without `cuda`).
+pub fn probe_spec() -> KernelSpec {
+    KernelSpec::new("probe.cu", &[])
+}

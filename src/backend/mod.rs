@@ -125,14 +125,42 @@ pub trait Backend {
     fn run(&mut self, req: &RunRequest) -> Result<RunOutput, BackendError>;
 }
 
-/// `mlabench kernels`: compile every kernel configuration with NVRTC.
+/// `mlabench kernels`: compile every kernel configuration with NVRTC (no
+/// GPU needed). Exit 1 when any configuration fails; the NVRTC log is
+/// printed verbatim with the file name.
 pub fn kernels_check(kernels_dir: &std::path::Path, arch: Option<&str>, check: bool) -> anyhow::Result<u8> {
-    let _ = (kernels_dir, arch, check);
-    anyhow::bail!("not wired yet")
+    use crate::error::{exit, InputError};
+    let mut specs = crate::variants::kernels::all();
+    specs.push(cuda::probe_spec());
+    if !check {
+        for s in &specs {
+            println!("{}", s.label());
+        }
+        println!("{} configurations; add --check to compile them", specs.len());
+        return Ok(exit::OK);
+    }
+    let arch = arch.unwrap_or("sm_90a");
+    let t0 = std::time::Instant::now();
+    let results = cuda::check_all(kernels_dir, &specs, arch).map_err(|e| InputError::Environment(format!("{e}")))?;
+    let mut failed = 0;
+    for (spec, r) in &results {
+        match r {
+            Ok(()) => println!("ok    {}", spec.label()),
+            Err(e) => {
+                failed += 1;
+                println!("FAIL  {}\n{e}", spec.label());
+            }
+        }
+    }
+    println!("{} of {} kernel configurations compiled for {arch} in {:.1} s", results.len() - failed, results.len(), t0.elapsed().as_secs_f64());
+    Ok(if failed > 0 { exit::CHECK_FAILED } else { exit::OK })
 }
 
 /// `mlabench device`: device facts and measured ceilings.
 pub fn device_report(kernels_dir: &std::path::Path, ceilings: bool) -> anyhow::Result<u8> {
-    let _ = (kernels_dir, ceilings);
-    anyhow::bail!("not wired yet")
+    let r = cuda::device_report(kernels_dir, ceilings).map_err(|e| crate::error::InputError::Environment(format!("{e}; run on a machine with an NVIDIA GPU")))?;
+    for (k, v) in r.lines() {
+        println!("{k:<28} {v}");
+    }
+    Ok(crate::error::exit::OK)
 }

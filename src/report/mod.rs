@@ -9,6 +9,7 @@ pub mod json;
 pub mod markdown;
 pub mod progress;
 mod run_dir;
+pub mod splits;
 pub mod table;
 
 pub use run_dir::RunDir;

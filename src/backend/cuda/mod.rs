@@ -222,3 +222,8 @@ impl Backend for CudaBackend {
         self.run_request(req)
     }
 }
+
+/// The ceiling probes' kernel configuration (compiled by `kernels --check` too).
+pub fn probe_spec() -> KernelSpec {
+    probe::spec()
+}
