@@ -1,7 +1,7 @@
 // page64: non-persistent MLA decode fallback, page size 64, bottom-right
 // mask on local positions; grid over (head group of 16, split, sequence);
 // f32 partials + page64_merge when n_splits > 1.
-// ABI: kernels/ABI-kmla.md. Defines: HK, KV_FP8, MT, STAGES, FP8_CVT.
+// ABI: kernels/ABI-kmla.md. Defines: HK, KV_FP8, MT, WARPS, STAGES, FP8_CVT.
 #include "common/merge.cuh"
 #include "common/mla_core.cuh"
 
@@ -9,7 +9,7 @@ using namespace mla;
 
 // grid (HK/16, n_splits, B), block 256. Split s of a length-len sequence
 // covers [s*chunk, min((s+1)*chunk, len)), chunk = ceil(ceil(len/64)/n)*64.
-extern "C" __global__ void __launch_bounds__(256, 1)
+extern "C" __global__ void __launch_bounds__(mla::THREADS, 1)
     page64_fwd(const unsigned char* __restrict__ q, const unsigned char* __restrict__ kv,
                const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,
                const int* __restrict__ kv_last_page_len, const int* __restrict__ qo_indptr, float q_scale,

@@ -1,6 +1,6 @@
 // ps1: persistent MLA decode, page size 1, causal mask on global (DCP
 // round-robin) positions, host-built work list; f32 partials + reduce.
-// ABI: kernels/ABI-kmla.md. Defines: HK, KV_FP8, MT, STAGES, FP8_CVT.
+// ABI: kernels/ABI-kmla.md. Defines: HK, KV_FP8, MT, WARPS, STAGES, FP8_CVT.
 #include "common/merge.cuh"
 #include "common/mla_core.cuh"
 
@@ -8,7 +8,7 @@ using namespace mla;
 
 // CTA c runs work items [work_indptr[c], work_indptr[c+1]) in order; an item
 // is 8 ints (seq, partial, q_start, q_end, kv_start, kv_end, 0, 0).
-extern "C" __global__ void __launch_bounds__(256, 1)
+extern "C" __global__ void __launch_bounds__(mla::THREADS, 1)
     ps1_fwd(const unsigned char* __restrict__ q, const unsigned char* __restrict__ kv,
             const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,
             const int* __restrict__ qo_indptr, const int* __restrict__ g_kv_indptr,

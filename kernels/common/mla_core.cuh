@@ -8,13 +8,14 @@
 //   KV_FP8  0: bf16 Q/KV; 1: e4m3 Q/KV with per-tensor scales
 //   MT      16-row m-tiles per pass over the KV (1 or 2; default 1)
 //   STAGES  cp.async ring depth (default 4)
+//   WARPS   8 or 16 warps per CTA (default 16 for MT=1, 8 for MT=2)
 //   FP8_CVT e4m3 -> f16 method, see fp8.cuh
 //
-// Warp roles (8 warps): for S = Q K^T warp w owns dims [144*(w%4), +144)
-// and tokens [BN/2*(w/4), +BN/2) (split-K keeps its Q slice in registers;
-// the 4 partial S tiles are summed through shared memory); the softmax runs
-// on all 256 threads, 256/(16*MT) per row; for O += P V warp w owns output
-// dims [64w, 64w+64).
+// Warp roles: for S = Q K^T warp w owns dims [144*(w%4), +144) and the
+// token group w/4 of the tile (split-K keeps its Q slice in registers; the
+// 4 partial S tiles are summed through shared memory); the softmax runs on
+// all threads, THREADS/(16*MT) per row; for O += P V warp w owns output dims
+// [DW*w, DW*(w+1)). The first 256 threads also issue the tile loads.
 #pragma once
 #include <cuda_bf16.h>
 
@@ -33,28 +34,38 @@
 #ifndef STAGES
 #define STAGES 4
 #endif
+#ifndef WARPS
+#define WARPS (MT == 1 ? 16 : 8)
+#endif
 
 static_assert(HK % 16 == 0 && HK >= 16 && HK <= 128, "HK must be a multiple of 16 in 16..128");
 static_assert(MT == 1 || MT == 2, "MT must be 1 or 2");
 static_assert(STAGES >= 2 && STAGES <= 6, "STAGES must be 2..6");
+static_assert(WARPS == 8 || WARPS == 16, "WARPS must be 8 or 16");
+static_assert(MT == 1 || WARPS == 8, "MT=2 needs WARPS=8 (16 warps would spill)");
 
 namespace mla {
 
 constexpr int D_QK = 576;
 constexpr int D_V = 512;
-constexpr int THREADS = 256;
+constexpr int THREADS = 32 * WARPS;
+constexpr int LD_THREADS = 256;                // threads that issue tile loads
 constexpr int EB = KV_FP8 ? 1 : 2;             // bytes per element
 constexpr int ROW_BYTES = D_QK * EB;           // one KV / Q row in memory
 constexpr int RS = ROW_BYTES + 16;             // its shared-memory stride: ldmatrix conflict-free
 constexpr int BN = KV_FP8 ? 64 : 32;           // tokens per tile (~37 KB either way)
 constexpr int TILE_BYTES = BN * RS;
-constexpr int NT = BN / 16;                    // n8 tiles of S per warp
+constexpr int NWN = WARPS / 4;                 // token groups in S = Q K^T
+constexpr int TW = BN / NWN;                   // tokens per warp in S
+constexpr int NT = TW / 8;                     // n8 tiles of S per warp
+constexpr int DW = D_V / WARPS;                // output dims per warp in O += P V
+constexpr int NJ = DW / 8;                     // n8 tiles of O per warp
 constexpr int ROWS = 16 * MT;
 constexpr int SP_LD = BN + 8;                  // floats; 8-byte stores conflict-free
 constexpr int PS_LD = BN + 8;                  // 16-bit; ldmatrix conflict-free
 constexpr int TPR = THREADS / ROWS;            // softmax threads per row
 constexpr int TPT = BN / TPR;                  // tokens per softmax thread
-constexpr int LD_TPT = THREADS / BN;           // loader threads per token
+constexpr int LD_TPT = LD_THREADS / BN;        // loader threads per token
 constexpr int LD_CH = ROW_BYTES / 16 / LD_TPT; // 16-byte chunks per loader thread
 constexpr int OFF_SP = STAGES * TILE_BYTES;
 constexpr int OFF_PS = OFF_SP + 4 * ROWS * SP_LD * 4;
@@ -65,7 +76,7 @@ constexpr float LOG2E = 1.4426950408889634f;
 constexpr float LN2 = 0.6931471805599453f;
 
 static_assert(LD_CH * LD_TPT * 16 == ROW_BYTES, "loader covers a row exactly");
-static_assert(TPT == 2 || TPT == 4 || TPT == 8, "softmax vector width");
+static_assert(TPT == 1 || TPT == 2 || TPT == 4 || TPT == 8, "softmax vector width");
 static_assert(SMEM_BYTES <= 232448, "fits the sm_90 opt-in shared memory");
 
 __device__ __forceinline__ float ninf() { return -__int_as_float(0x7f800000); }
@@ -148,11 +159,13 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
   const int ntiles = ps.t1 > ps.t0 ? (ps.t1 - ps.t0 + BN - 1) / BN : 0;
   const int ld_tok = tid / LD_TPT, ld_c = tid % LD_TPT;
   const unsigned ld_dst = smem0 + ld_tok * RS + ld_c * 16;
+  const bool loader = tid < LD_THREADS;
   auto row_of = [&](int t) -> long long {
     const int j = ps.t0 + t * BN + ld_tok;
-    return (t < ntiles && j < ps.t1) ? pool_row<PAGE>(idx, j) : -1ll;
+    return (loader && t < ntiles && j < ps.t1) ? pool_row<PAGE>(idx, j) : -1ll;
   };
   auto issue = [&](int t, long long row) {
+    if (!loader) return;
     const unsigned dst = ld_dst + (t % STAGES) * TILE_BYTES;
     const unsigned char* src = kv + (row < 0 ? 0ll : row * ROW_BYTES) + ld_c * 16;
 #pragma unroll
@@ -169,11 +182,11 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
   }
   long long nrow = row_of(STAGES - 1);  // prefetched one tile ahead of its issue
 
-  float oacc[MT][8][4];
+  float oacc[MT][NJ][4];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int j = 0; j < 8; ++j) oacc[mt][j][0] = oacc[mt][j][1] = oacc[mt][j][2] = oacc[mt][j][3] = 0.f;
+    for (int j = 0; j < NJ; ++j) oacc[mt][j][0] = oacc[mt][j][1] = oacc[mt][j][2] = oacc[mt][j][3] = 0.f;
 
   // Softmax role: row sr, tokens [sc, sc + TPT) of each tile.
   const int sr = tid / TPR, sc = (tid % TPR) * TPT;
@@ -201,21 +214,32 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
     for (int c = 0; c < 9; ++c) {
 #if KV_FP8
       unsigned w4[4];
-      ldsm_x4(kt + (nw * 32 + li * 8 + lr) * RS + kw * 144 + c * 16, w4[0], w4[1], w4[2], w4[3]);
+      if constexpr (NT == 4) {
+        ldsm_x4(kt + (nw * TW + li * 8 + lr) * RS + kw * 144 + c * 16, w4[0], w4[1], w4[2], w4[3]);
+      } else {
+        ldsm_x2(kt + (nw * TW + (li & 1) * 8 + lr) * RS + kw * 144 + c * 16, w4[0], w4[1]);
+      }
 #pragma unroll
-      for (int n = 0; n < 4; ++n) {
+      for (int n = 0; n < NT; ++n) {
         unsigned b0, b1;
         qk_cvt(w4[n], b0, b1);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) mma_f16(sacc[mt][n], qf[mt][c], b0, b1);
       }
 #else
-      unsigned b0, b1, b2, b3;
-      ldsm_x4(kt + (nw * 16 + (li >> 1) * 8 + lr) * RS + (kw * 144 + c * 16 + (li & 1) * 8) * 2, b0, b1, b2, b3);
+      if constexpr (NT == 2) {
+        unsigned b0, b1, b2, b3;
+        ldsm_x4(kt + (nw * TW + (li >> 1) * 8 + lr) * RS + (kw * 144 + c * 16 + (li & 1) * 8) * 2, b0, b1, b2, b3);
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        mma_bf16(sacc[mt][0], qf[mt][c], b0, b1);
-        mma_bf16(sacc[mt][1], qf[mt][c], b2, b3);
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_bf16(sacc[mt][0], qf[mt][c], b0, b1);
+          mma_bf16(sacc[mt][NT - 1], qf[mt][c], b2, b3);
+        }
+      } else {
+        unsigned b0, b1;
+        ldsm_x2(kt + (nw * TW + lr) * RS + (kw * 144 + c * 16 + (li & 1) * 8) * 2, b0, b1);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) mma_bf16(sacc[mt][0], qf[mt][c], b0, b1);
       }
 #endif
     }
@@ -223,7 +247,7 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int n = 0; n < NT; ++n) {
-        float* dst = sp + (kw * ROWS + mt * 16 + g) * SP_LD + nw * (BN / 2) + n * 8 + 2 * qd;
+        float* dst = sp + (kw * ROWS + mt * 16 + g) * SP_LD + nw * TW + n * 8 + 2 * qd;
         *reinterpret_cast<float2*>(dst) = make_float2(sacc[mt][n][0], sacc[mt][n][1]);
         *reinterpret_cast<float2*>(dst + 8 * SP_LD) = make_float2(sacc[mt][n][2], sacc[mt][n][3]);
       }
@@ -237,7 +261,9 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const float* src = sp + (k * ROWS + sr) * SP_LD + sc;
-        if constexpr (TPT == 2) {
+        if constexpr (TPT == 1) {
+          s[0] += *src;
+        } else if constexpr (TPT == 2) {
           const float2 v = *reinterpret_cast<const float2*>(src);
           s[0] += v.x;
           s[1] += v.y;
@@ -265,10 +291,10 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
       const float m_use = (m_new == ninf()) ? 0.f : m_new;
       const float alpha = exp2f(m_run - m_use);
       float sum = 0.f;
-      unsigned pk[TPT / 2];
+      unsigned pk[(TPT + 1) / 2];
 #pragma unroll
       for (int e = 0; e < TPT; e += 2) {
-        const float p0 = exp2f(s[e] - m_use), p1 = exp2f(s[e + 1] - m_use);
+        const float p0 = exp2f(s[e] - m_use), p1 = TPT > 1 ? exp2f(s[(e + 1) % TPT] - m_use) : 0.f;
         sum += p0 + p1;
 #if KV_FP8
         pk[e / 2] = pack_f16x2(p0, p1);
@@ -277,7 +303,9 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
 #endif
       }
       unsigned short* pdst = psm + sr * PS_LD + sc;
-      if constexpr (TPT == 2) {
+      if constexpr (TPT == 1) {
+        *pdst = static_cast<unsigned short>(pk[0] & 0xFFFFu);
+      } else if constexpr (TPT == 2) {
         *reinterpret_cast<unsigned*>(pdst) = pk[0];
       } else if constexpr (TPT == 4) {
         *reinterpret_cast<uint2*>(pdst) = make_uint2(pk[0], pk[1]);
@@ -297,7 +325,7 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
     for (int mt = 0; mt < MT; ++mt) {
       const float a0 = alpha_s[mt * 16 + g], a8 = alpha_s[mt * 16 + g + 8];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
+      for (int j = 0; j < NJ; ++j) {
         oacc[mt][j][0] *= a0;
         oacc[mt][j][1] *= a0;
         oacc[mt][j][2] *= a8;
@@ -314,9 +342,9 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
       const int vtok = ks * 16 + (li & 1) * 8 + lr;
 #if KV_FP8
 #pragma unroll
-      for (int u = 0; u < 2; ++u) {
+      for (int u = 0; u < NJ / 4; ++u) {
         unsigned r0, r1, r2, r3;
-        ldsm_x4_t(kt + vtok * RS + warp * 64 + u * 32 + (li >> 1) * 16, r0, r1, r2, r3);
+        ldsm_x4_t(kt + vtok * RS + warp * DW + u * 32 + (li >> 1) * 16, r0, r1, r2, r3);
         unsigned e0, o0, e1, o1, e2, o2, e3, o3;
         v_cvt(r0, e0, o0);  // tokens 0-7 of dims [32u, +16)
         v_cvt(r1, e1, o1);  // tokens 8-15
@@ -332,9 +360,9 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
       }
 #else
 #pragma unroll
-      for (int p = 0; p < 4; ++p) {
+      for (int p = 0; p < NJ / 2; ++p) {
         unsigned b0, b1, b2, b3;
-        ldsm_x4_t(kt + vtok * RS + (warp * 64 + p * 16 + (li >> 1) * 8) * 2, b0, b1, b2, b3);
+        ldsm_x4_t(kt + vtok * RS + (warp * DW + p * 16 + (li >> 1) * 8) * 2, b0, b1, b2, b3);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           mma_bf16(oacc[mt][2 * p], pa[mt], b0, b1);
@@ -365,8 +393,8 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
     // n8 tile (block D, parity e) column n holds dim D + 2n + e, so this
     // thread owns dims D + 4qd .. +3 of rows g and g+8.
 #pragma unroll
-    for (int j = 0; j < 8; j += 2) {
-      const int dim = warp * 64 + (j >> 2) * 32 + ((j >> 1) & 1) * 16 + 4 * qd;
+    for (int j = 0; j < NJ; j += 2) {
+      const int dim = warp * DW + (j >> 2) * 32 + ((j >> 1) & 1) * 16 + 4 * qd;
       const float* ev = oacc[mt][j];
       const float* od = oacc[mt][j + 1];
       const float4 v0 = make_float4(ev[0] * i0, od[0] * i0, ev[1] * i0, od[1] * i0);
@@ -381,8 +409,8 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
     }
 #else
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int dim = warp * 64 + j * 8 + 2 * qd;
+    for (int j = 0; j < NJ; ++j) {
+      const int dim = warp * DW + j * 8 + 2 * qd;
       const float* c = oacc[mt][j];
       if (to_part) {
         *reinterpret_cast<float2*>(part_o + row0 * D_V + dim) = make_float2(c[0] * i0, c[1] * i0);

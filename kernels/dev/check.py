@@ -367,6 +367,10 @@ def metrics(o_bits, lse, ref_o, ref_lse, fp8):
 
 
 # -------------------------------------------------------------- kernels
+def block_threads(d):
+    return 32 * d["WARPS"]
+
+
 def smem_bytes(fp8, mt, stages=4):
     """Mirror of SMEM_BYTES in kernels/common/mla_core.cuh."""
     eb = 1 if fp8 else 2
@@ -420,9 +424,9 @@ def i32(a):
 class Ps1Run:
     """Device buffers + launches of ps1 for one rank of a case."""
 
-    def __init__(self, K, case, r, mt, num_ctas=132, stages=None, cvt=None):
+    def __init__(self, K, case, r, mt, num_ctas=132, stages=None, cvt=None, warps=None):
         self.case, self.sh = case, case.shards[r]
-        self.d = mla_defines(case.hk, case.fp8, mt, stages, cvt)
+        self.d = mla_defines(case.hk, case.fp8, mt, stages, cvt, warps)
         self.smem = smem_bytes(case.fp8, mt, stages or 4)
         self.fwd = K.fn("ps1.cu", self.d, "ps1_fwd", self.smem)
         self.red = K.fn("ps1.cu", self.d, "ps1_reduce")
@@ -447,7 +451,7 @@ class Ps1Run:
 
     def launch_fwd(self):
         c = self.case
-        self.fwd((self.num_ctas,), (256,),
+        self.fwd((self.num_ctas,), (block_threads(self.d),),
                  (c.q, self.sh["pool"], *self.bufs[:4], self.bufs[4], self.bufs[5], np.float32(c.q_scale),
                   np.float32(c.kv_scale), np.float32(c.sm_scale), np.int32(c.W), np.int32(self.r), np.int32(c.S),
                   self.o, self.lse, self.part_o, self.part_lse), shared_mem=self.smem)
@@ -463,10 +467,10 @@ class Ps1Run:
 
 
 class Page64Run:
-    def __init__(self, K, case, mt, n_splits=None, stages=None, cvt=None, r=0):
+    def __init__(self, K, case, mt, n_splits=None, stages=None, cvt=None, r=0, warps=None):
         assert case.page == 64
         self.case, self.sh = case, case.shards[r]
-        self.d = mla_defines(case.hk, case.fp8, mt, stages, cvt)
+        self.d = mla_defines(case.hk, case.fp8, mt, stages, cvt, warps)
         self.smem = smem_bytes(case.fp8, mt, stages or 4)
         self.fwd = K.fn("page64.cu", self.d, "page64_fwd", self.smem)
         self.mrg = K.fn("page64.cu", self.d, "page64_merge")
@@ -486,7 +490,7 @@ class Page64Run:
 
     def launch_fwd(self):
         c = self.case
-        self.fwd((c.hk // 16, self.n, c.B), (256,),
+        self.fwd((c.hk // 16, self.n, c.B), (block_threads(self.d),),
                  (c.q, self.sh["pool"], *self.bufs, np.float32(c.q_scale), np.float32(c.kv_scale),
                   np.float32(c.sm_scale), np.int32(self.n), self.o, self.lse, self.part_o, self.part_lse),
                  shared_mem=self.smem)
@@ -533,7 +537,7 @@ def record(part, name, res, extra=None):
 def part_ps1(K, quick=False):
     rng = np.random.RandomState(5)
     cases = []
-    # (ctx, s_q, hk, h, W, S, mt, num_ctas)
+    # (ctx, s_q, hk, h, W, S, mt, num_ctas[, warps])
     for fp8 in (False, True):
         for hk in (16, 32, 64, 96, 128):
             cases.append((list(rng.randint(1, 700, 5)) + [1], 1, hk, max(hk - 5, 1), 1, 1, 1 if hk == 16 else 2, 132))
@@ -544,19 +548,22 @@ def part_ps1(K, quick=False):
         cases.append(([8, 9, 100, 513, 1500], 8, 96, 64, 8, 1, 2, 17))          # Kimi DSpark-like: 64->96, DCP8
         cases.append(([1, 2, 3, 5, 7, 40], 2, 96, 96, 8, 2, 2, 6))              # empty ranks / rows, S=2
         cases.append(([6, 200, 901], 5, 96, 96, 2, 1, 1, 4))                    # MT=1, s_q=5
+        cases.append(([1, 17, 300, 1000, 2500], 1, 16, 16, 1, 1, 1, 7, 8))     # MT=1 with 8 warps
     if quick:
         cases = cases[:3]
-    for i, (ctx, s_q, hk, h, W, S, mt, nc) in enumerate(cases):
+    for i, (ctx, s_q, hk, h, W, S, mt, nc, *wp) in enumerate(cases):
         fp8 = i >= len(cases) // 2
+        wp = wp[0] if wp else None
         case = Case(ctx, s_q, hk, h, W, S, fp8=fp8, page=1, seed=100 + i)
         rank_out = []
         for r in range(W):
-            run = Ps1Run(K, case, r, mt, num_ctas=nc)
+            run = Ps1Run(K, case, r, mt, num_ctas=nc, warps=wp)
             run.poison()
             run.run()
             cp.cuda.runtime.deviceSynchronize()
             res = compare_rank(run, ref_rank(case, r))
-            name = f"{'fp8' if fp8 else 'bf16'} hk{hk} h{h} sq{s_q} W{W} S{S} r{r} mt{mt} ctas{nc} parts{run.plan['part_rows']}"
+            name = (f"{'fp8' if fp8 else 'bf16'} hk{hk} h{h} sq{s_q} W{W} S{S} r{r} mt{mt} w{run.d['WARPS']} "
+                    f"ctas{nc} parts{run.plan['part_rows']}")
             record("ps1", name, res)
             rank_out.append((run.o.copy(), run.lse.copy()))
         if W > 1:
@@ -667,17 +674,18 @@ def part_page64(K, quick=False):
         cases.append(([1, 2, 200, 700, 2000], 3, 48, 40, 2, 16))     # s_q=3, head groups, splits > pages
         cases.append(([5, 129, 1500], 8, 128, 128, 2, 2))
         cases.append(([7, 64, 900], 2, 32, 32, 1, 1))                # n_splits=1 direct write, MT=1 with s_q=2
+        cases.append(([300, 64, 2900], 1, 128, 128, 1, 4, 8))       # 8 warps, 8 head groups
     if quick:
         cases = cases[:2]
-    for i, (lens, s_q, hk, h, mt, n) in enumerate(cases):
+    for i, (lens, s_q, hk, h, mt, n, *wp) in enumerate(cases):
         fp8 = i >= len(cases) // 2
         case = Case(lens, s_q, hk, h, 1, 1, fp8=fp8, page=64, seed=300 + i)
-        run = Page64Run(K, case, mt, n_splits=n)
+        run = Page64Run(K, case, mt, n_splits=n, warps=wp[0] if wp else None)
         run.poison()
         run.run()
         cp.cuda.runtime.deviceSynchronize()
         res = compare_rank(run, ref_rank(case, 0, local_mask=True))
-        record("page64", f"{'fp8' if fp8 else 'bf16'} hk{hk} h{h} sq{s_q} mt{mt} splits{run.n}", res)
+        record("page64", f"{'fp8' if fp8 else 'bf16'} hk{hk} h{h} sq{s_q} mt{mt} w{run.d['WARPS']} splits{run.n}", res)
 
 
 # ----------------------------------------------------------------- timing
@@ -697,6 +705,38 @@ def copy_bw():
     del a, b
     t = float(np.median(ts[2:]))
     return 2 * n / (t * 1e-3) / 1e9
+
+
+GATHER_SRC = r"""
+extern "C" __global__ void gather_probe(const uint4* __restrict__ pool, const long long* __restrict__ rows,
+                                        long long ntok, int row16, unsigned* __restrict__ sink) {
+  unsigned acc = 0;
+  const long long n = ntok * row16;
+  for (long long c = blockIdx.x * (long long)blockDim.x + threadIdx.x; c < n; c += (long long)gridDim.x * blockDim.x) {
+    const long long t = c / row16;
+    const uint4 v = __ldg(pool + rows[t] * row16 + (c - t * row16));
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x9e3779b9u) sink[0] = acc;
+}
+"""
+
+
+def gather_bw(case, flush):
+    """Read bandwidth of the pool rows the kernel reads, in its order (the
+    access-pattern ceiling for page size 1 vs 64); bytes read only."""
+    k = cp.RawKernel(GATHER_SRC, "gather_probe")
+    sh, P = case.shards[0], case.page
+    rows = []
+    for b in range(case.B):
+        j = np.arange(int(sh["lens"][b]))
+        rows.append(sh["kv_indices"][sh["kv_indptr"][b] + j // P] * P + j % P)
+    rows = cp.asarray(np.concatenate(rows).astype(np.int64))
+    sink = cp.zeros(1, cp.uint32)
+    ntok, row16 = int(rows.size), case.rowb // 16
+    f = lambda: k((132 * 16,), (256,), (sh["pool"], rows, np.int64(ntok), np.int32(row16), sink))
+    ms = timed(f, flush)[0]
+    return ntok * case.rowb / (ms * 1e-3) / 1e9
 
 
 def timed(fn, flush, reps=15, warm=3):
@@ -723,12 +763,15 @@ def part_time(K, quick=False):
     if quick:
         shapes = shapes[:1]
     variants = [dict()]
-    extra = [dict(cvt=1), dict(cvt=2), dict(stages=5)]
+    extra = [dict(warps=8), dict(stages=5), dict(stages=3), dict(cvt=1)]
     for fp8 in (False, True):
         for (B, L) in shapes:
             base = Case([L] * B, 1, 16, 16, 1, 1, fp8=fp8, page=1, seed=7)
             for page in (1, 64):
                 case = base if page == 1 else base.with_page(64)
+                gbw = gather_bw(case, flush)
+                print(f"gather probe {'fp8' if fp8 else 'bf16'} B{B} L{L} page{page}: {gbw:.0f} GB/s read", flush=True)
+                rows.append(dict(name=f"gather page{page} {'fp8' if fp8 else 'bf16'} B{B} L{L}", gather_gbs=gbw))
                 vs = variants + (extra if (B, L) == (128, 32768) and not quick else [])
                 if not fp8:
                     vs = [v for v in vs if "cvt" not in v]
@@ -767,6 +810,9 @@ def part_time(K, quick=False):
     print(f"\ncopy bandwidth (read+write) {bw:.0f} GB/s")
     print(f"{'case':40s} {'var ms':>8s} {'ker ms':>8s} {'GB/s':>7s} {'%copy':>6s} {'TF/s':>6s} chk")
     for r in rows:
+        if "gather_gbs" in r:
+            print(f"{r['name']:40s} {'':8s} {'':8s} {r['gather_gbs']:7.0f} {100 * r['gather_gbs'] / bw:5.1f}%  (read-only probe)")
+            continue
         print(f"{r['name']:40s} {r['variant_ms'][0]:8.3f} {r['kernel_ms'][0]:8.3f} {r['gbs']:7.0f} "
               f"{100 * r['frac']:5.1f}% {r['tflops']:6.1f} {'ok' if r['ok'] else 'FAIL ' + r['why']}")
     with open(os.path.join(OUT, "time_summary.json"), "w") as f:
@@ -856,15 +902,18 @@ def main():
     t0 = time.time()
     K = Kernels()
     if a.part in ("ps1", "time"):
-        cfgs = [("ps1.cu", mla_defines(hk, fp8, mt)) for fp8 in (0, 1) for hk, mt in
-                [(16, 1), (16, 2), (32, 2), (64, 2), (96, 1), (96, 2), (128, 2)]] + [("merge.cu", {})]
+        cfgs = [("ps1.cu", mla_defines(hk, fp8, mt, warps=w)) for fp8 in (0, 1) for hk, mt, w in
+                [(16, 1, None), (16, 1, 8), (16, 2, None), (32, 2, None), (64, 2, None), (96, 1, None), (96, 2, None),
+                 (128, 2, None)]] + [("merge.cu", {})]
         if a.part == "time":
             cfgs = [("ps1.cu", mla_defines(16, f, 1)) for f in (0, 1)] + [("page64.cu", mla_defines(16, f, 1)) for f in (0, 1)]
-            cfgs += [(n, mla_defines(16, 1, 1, None, v)) for n in ("ps1.cu", "page64.cu") for v in (1, 2)]
-            cfgs += [(n, mla_defines(16, f, 1, 5)) for n in ("ps1.cu", "page64.cu") for f in (0, 1)]
+            cfgs += [(n, mla_defines(16, 1, 1, None, 1)) for n in ("ps1.cu", "page64.cu")]
+            cfgs += [(n, mla_defines(16, f, 1, st, None, w)) for n in ("ps1.cu", "page64.cu") for f in (0, 1)
+                     for st, w in ((5, None), (3, None), (None, 8))]
         K.prepare(cfgs)
     if a.part == "page64":
-        K.prepare([("page64.cu", mla_defines(hk, f, mt)) for f in (0, 1) for hk, mt in [(16, 1), (48, 2), (128, 2), (32, 1)]])
+        K.prepare([("page64.cu", mla_defines(hk, f, mt, warps=w)) for f in (0, 1)
+                   for hk, mt, w in [(16, 1, None), (48, 2, None), (128, 2, None), (32, 1, None), (128, 1, 8)]])
     print(f"compiled in {time.time() - t0:.1f}s", flush=True)
     {"merge": part_merge, "ps1": part_ps1, "page64": part_page64, "time": part_time}[a.part](
         *([K] if a.part == "merge" else [K, a.quick]))

@@ -110,8 +110,8 @@ class Nvrtc:
         return cubin, log, ptx
 
 
-def mla_defines(hk, fp8, mt, stages=None, cvt=None):
-    d = {"HK": hk, "KV_FP8": int(fp8), "MT": mt}
+def mla_defines(hk, fp8, mt, stages=None, cvt=None, warps=None):
+    d = {"HK": hk, "KV_FP8": int(fp8), "MT": mt, "WARPS": warps or (16 if mt == 1 else 8)}
     if stages is not None:
         d["STAGES"] = stages
     if cvt is not None:
@@ -124,11 +124,11 @@ def all_configs():
     cfgs = []
     for fp8 in (0, 1):
         for hk in (16, 32, 64, 96, 128):
-            for mt in (1, 2):
-                cfgs.append(("ps1.cu", mla_defines(hk, fp8, mt)))
+            for mt, w in ((1, 16), (1, 8), (2, 8)):
+                cfgs.append(("ps1.cu", mla_defines(hk, fp8, mt, warps=w)))
         for hk in range(16, 129, 16):
-            for mt in (1, 2):
-                cfgs.append(("page64.cu", mla_defines(hk, fp8, mt)))
+            for mt, w in ((1, 16), (1, 8), (2, 8)):
+                cfgs.append(("page64.cu", mla_defines(hk, fp8, mt, warps=w)))
     cfgs.append(("merge.cu", {}))
     return cfgs
 
