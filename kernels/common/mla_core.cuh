@@ -1,0 +1,428 @@
+// The MLA decode core shared by ps1.cu and page64.cu: one CTA of 256 threads
+// streams a token range of one sequence's paged KV through a cp.async ring
+// and computes softmax(Q K^T) V for up to 16*MT query-head rows with
+// mma.sync (bf16, or f16 from e4m3 for a8w8).
+//
+// Defines (all compile-time):
+//   HK      kernel heads, multiple of 16, 16..128
+//   KV_FP8  0: bf16 Q/KV; 1: e4m3 Q/KV with per-tensor scales
+//   MT      16-row m-tiles per pass over the KV (1 or 2; default 1)
+//   STAGES  cp.async ring depth (default 4)
+//   WARPS   8 or 16 warps per CTA (default 16 for MT=1, 8 for MT=2)
+//   FP8_CVT e4m3 -> f16 method, see fp8.cuh
+//
+// Warp roles: for S = Q K^T warp w owns dims [144*(w%4), +144) and the
+// token group w/4 of the tile (split-K keeps its Q slice in registers; the
+// 4 partial S tiles are summed through shared memory); the softmax runs on
+// all threads, THREADS/(16*MT) per row; for O += P V warp w owns output dims
+// [DW*w, DW*(w+1)). The first 256 threads also issue the tile loads.
+#pragma once
+#include <cuda_bf16.h>
+
+#include "common/fp8.cuh"
+#include "common/ptx.cuh"
+
+#ifndef HK
+#error "define HK: kernel heads, a multiple of 16 from 16 to 128"
+#endif
+#ifndef KV_FP8
+#error "define KV_FP8: 0 for bf16 Q and KV, 1 for e4m3 Q and KV"
+#endif
+#ifndef MT
+#define MT 1
+#endif
+#ifndef STAGES
+#define STAGES 4
+#endif
+#ifndef WARPS
+#define WARPS (MT == 1 ? 16 : 8)
+#endif
+
+static_assert(HK % 16 == 0 && HK >= 16 && HK <= 128, "HK must be a multiple of 16 in 16..128");
+static_assert(MT == 1 || MT == 2, "MT must be 1 or 2");
+static_assert(STAGES >= 2 && STAGES <= 6, "STAGES must be 2..6");
+static_assert(WARPS == 8 || WARPS == 16, "WARPS must be 8 or 16");
+static_assert(MT == 1 || WARPS == 8, "MT=2 needs WARPS=8 (16 warps would spill)");
+
+namespace mla {
+
+constexpr int D_QK = 576;
+constexpr int D_V = 512;
+constexpr int THREADS = 32 * WARPS;
+constexpr int LD_THREADS = 256;                // threads that issue tile loads
+constexpr int EB = KV_FP8 ? 1 : 2;             // bytes per element
+constexpr int ROW_BYTES = D_QK * EB;           // one KV / Q row in memory
+constexpr int RS = ROW_BYTES + 16;             // its shared-memory stride: ldmatrix conflict-free
+constexpr int BN = KV_FP8 ? 64 : 32;           // tokens per tile (~37 KB either way)
+constexpr int TILE_BYTES = BN * RS;
+constexpr int NWN = WARPS / 4;                 // token groups in S = Q K^T
+constexpr int TW = BN / NWN;                   // tokens per warp in S
+constexpr int NT = TW / 8;                     // n8 tiles of S per warp
+constexpr int DW = D_V / WARPS;                // output dims per warp in O += P V
+constexpr int NJ = DW / 8;                     // n8 tiles of O per warp
+constexpr int ROWS = 16 * MT;
+constexpr int SP_LD = BN + 8;                  // floats; 8-byte stores conflict-free
+constexpr int PS_LD = BN + 8;                  // 16-bit; ldmatrix conflict-free
+constexpr int TPR = THREADS / ROWS;            // softmax threads per row
+constexpr int TPT = BN / TPR;                  // tokens per softmax thread
+constexpr int LD_TPT = LD_THREADS / BN;        // loader threads per token
+constexpr int LD_CH = ROW_BYTES / 16 / LD_TPT; // 16-byte chunks per loader thread
+constexpr int OFF_SP = STAGES * TILE_BYTES;
+constexpr int OFF_PS = OFF_SP + 4 * ROWS * SP_LD * 4;
+constexpr int OFF_AL = OFF_PS + ROWS * PS_LD * 2;
+constexpr int OFF_L = OFF_AL + ROWS * 4;
+constexpr int SMEM_BYTES = OFF_L + ROWS * 4;
+constexpr float LOG2E = 1.4426950408889634f;
+constexpr float LN2 = 0.6931471805599453f;
+
+static_assert(LD_CH * LD_TPT * 16 == ROW_BYTES, "loader covers a row exactly");
+static_assert(TPT == 1 || TPT == 2 || TPT == 4 || TPT == 8, "softmax vector width");
+static_assert(SMEM_BYTES <= 232448, "fits the sm_90 opt-in shared memory");
+
+__device__ __forceinline__ float ninf() { return -__int_as_float(0x7f800000); }
+
+// Stops a launch whose dynamic shared memory is smaller than the layout.
+__device__ __forceinline__ void check_smem() {
+  unsigned dyn;
+  asm volatile("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(dyn));
+  if (dyn < static_cast<unsigned>(SMEM_BYTES)) __trap();
+}
+
+// Tokens of a rank's shard of a length-L sequence (SPEC section 1).
+__device__ __forceinline__ int dcp_local_len(int r, int L, int W, int S) {
+  if (L <= 0) return 0;
+  const int ws = W * S;
+  const int rem = L % ws - r * S;
+  return (L / ws) * S + min(max(rem, 0), S);
+}
+
+// One pass: up to MT m-tiles of 16 consecutive Q rows, all over the same
+// token range of one sequence.
+struct Pass {
+  long long q_row[MT];  // first row of each m-tile in q ([*, 576])
+  long long o_row[MT];  // first row in the output ([*, 512] and lse)
+  int lim[MT];          // m-tile sees tokens j < lim (0 for an unused m-tile)
+  int valid[MT];        // m-tile holds real rows (else skipped on output)
+  int t0, t1;           // tokens streamed: [t0, t1)
+};
+
+template <int PAGE>
+__device__ __forceinline__ long long pool_row(const int* __restrict__ idx, int j) {
+  if (PAGE == 1) return static_cast<long long>(__ldg(idx + j));
+  return static_cast<long long>(__ldg(idx + (j >> 6))) * 64 + (j & 63);
+}
+
+// Runs one pass. Outputs go to `o` (bf16) or, with `to_part`, to `part_o`
+// (f32); `lse` is the matching LSE array. Must be called by all 256 threads.
+template <int PAGE>
+__device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char* __restrict__ q,
+                       const unsigned char* __restrict__ kv, const int* __restrict__ idx, float scale_log2,
+                       float out_scale, bool to_part, __nv_bfloat16* __restrict__ o,
+                       float* __restrict__ part_o, float* __restrict__ lse) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int kw = warp & 3, nw = warp >> 2, g = lane >> 2, qd = lane & 3;
+  const int li = lane >> 3, lr = lane & 7;  // ldmatrix: which 8x8 matrix, which row
+  float* sp = reinterpret_cast<float*>(smem + OFF_SP);
+  unsigned short* psm = reinterpret_cast<unsigned short*>(smem + OFF_PS);
+  float* alpha_s = reinterpret_cast<float*>(smem + OFF_AL);
+  float* l_s = reinterpret_cast<float*>(smem + OFF_L);
+  const unsigned smem0 = smem_u32(smem);
+  const unsigned ps_base = smem_u32(psm);
+
+  // Q fragments of this warp's 144-dim slice, for every m-tile.
+  unsigned qf[MT][9][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    const unsigned char* r0 = q + (ps.q_row[mt] + g) * ROW_BYTES;
+    const unsigned char* r8 = r0 + 8 * ROW_BYTES;
+#pragma unroll
+    for (int c = 0; c < 9; ++c) {
+      if (ps.valid[mt]) {
+#if KV_FP8
+        const int off = kw * 144 + c * 16 + 4 * qd;
+        qk_cvt(ldg_u32(r0 + off), qf[mt][c][0], qf[mt][c][2]);
+        qk_cvt(ldg_u32(r8 + off), qf[mt][c][1], qf[mt][c][3]);
+#else
+        const int off = (kw * 144 + c * 16 + 2 * qd) * 2;
+        qf[mt][c][0] = ldg_u32(r0 + off);
+        qf[mt][c][1] = ldg_u32(r8 + off);
+        qf[mt][c][2] = ldg_u32(r0 + off + 16);
+        qf[mt][c][3] = ldg_u32(r8 + off + 16);
+#endif
+      } else {
+        qf[mt][c][0] = qf[mt][c][1] = qf[mt][c][2] = qf[mt][c][3] = 0u;
+      }
+    }
+  }
+
+  // Loader role: one token per thread, LD_CH 16-byte chunks of it.
+  const int ntiles = ps.t1 > ps.t0 ? (ps.t1 - ps.t0 + BN - 1) / BN : 0;
+  const int ld_tok = tid / LD_TPT, ld_c = tid % LD_TPT;
+  const unsigned ld_dst = smem0 + ld_tok * RS + ld_c * 16;
+  const bool loader = tid < LD_THREADS;
+  auto row_of = [&](int t) -> long long {
+    const int j = ps.t0 + t * BN + ld_tok;
+    return (loader && t < ntiles && j < ps.t1) ? pool_row<PAGE>(idx, j) : -1ll;
+  };
+  auto issue = [&](int t, long long row) {
+    if (!loader) return;
+    const unsigned dst = ld_dst + (t % STAGES) * TILE_BYTES;
+    const unsigned char* src = kv + (row < 0 ? 0ll : row * ROW_BYTES) + ld_c * 16;
+#pragma unroll
+    for (int k = 0; k < LD_CH; ++k) cp_async16(dst + k * LD_TPT * 16, src + k * LD_TPT * 16, row >= 0);
+  };
+
+  long long pre[STAGES - 1];
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) pre[s] = row_of(s);
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < ntiles) issue(s, pre[s]);
+    cp_async_commit();
+  }
+  long long nrow = row_of(STAGES - 1);  // prefetched one tile ahead of its issue
+
+  float oacc[MT][NJ][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) oacc[mt][j][0] = oacc[mt][j][1] = oacc[mt][j][2] = oacc[mt][j][3] = 0.f;
+
+  // Softmax role: row sr, tokens [sc, sc + TPT) of each tile.
+  const int sr = tid / TPR, sc = (tid % TPR) * TPT;
+  const int lim_r = (MT > 1 && sr >= 16) ? ps.lim[MT - 1] : ps.lim[0];
+  float m_run = ninf(), l_run = 0.f;
+
+  for (int t = 0; t < ntiles; ++t) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();  // tile t landed for all; tile t-1's stage is free
+    {
+      const int tn = t + STAGES - 1;
+      if (tn < ntiles) issue(tn, nrow);
+      cp_async_commit();
+      nrow = row_of(tn + 1);
+    }
+    const unsigned kt = smem0 + (t % STAGES) * TILE_BYTES;
+
+    // ---- partial S over this warp's dims and tokens
+    float sacc[MT][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int n = 0; n < NT; ++n) sacc[mt][n][0] = sacc[mt][n][1] = sacc[mt][n][2] = sacc[mt][n][3] = 0.f;
+#pragma unroll
+    for (int c = 0; c < 9; ++c) {
+#if KV_FP8
+      unsigned w4[4];
+      if constexpr (NT == 4) {
+        ldsm_x4(kt + (nw * TW + li * 8 + lr) * RS + kw * 144 + c * 16, w4[0], w4[1], w4[2], w4[3]);
+      } else {
+        ldsm_x2(kt + (nw * TW + (li & 1) * 8 + lr) * RS + kw * 144 + c * 16, w4[0], w4[1]);
+      }
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        unsigned b0, b1;
+        qk_cvt(w4[n], b0, b1);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) mma_f16(sacc[mt][n], qf[mt][c], b0, b1);
+      }
+#else
+      if constexpr (NT == 2) {
+        unsigned b0, b1, b2, b3;
+        ldsm_x4(kt + (nw * TW + (li >> 1) * 8 + lr) * RS + (kw * 144 + c * 16 + (li & 1) * 8) * 2, b0, b1, b2, b3);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_bf16(sacc[mt][0], qf[mt][c], b0, b1);
+          mma_bf16(sacc[mt][NT - 1], qf[mt][c], b2, b3);
+        }
+      } else {
+        unsigned b0, b1;
+        ldsm_x2(kt + (nw * TW + lr) * RS + (kw * 144 + c * 16 + (li & 1) * 8) * 2, b0, b1);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) mma_bf16(sacc[mt][0], qf[mt][c], b0, b1);
+      }
+#endif
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        float* dst = sp + (kw * ROWS + mt * 16 + g) * SP_LD + nw * TW + n * 8 + 2 * qd;
+        *reinterpret_cast<float2*>(dst) = make_float2(sacc[mt][n][0], sacc[mt][n][1]);
+        *reinterpret_cast<float2*>(dst + 8 * SP_LD) = make_float2(sacc[mt][n][2], sacc[mt][n][3]);
+      }
+    __syncthreads();
+
+    // ---- online softmax of row sr over this tile
+    {
+      float s[TPT];
+#pragma unroll
+      for (int e = 0; e < TPT; ++e) s[e] = 0.f;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float* src = sp + (k * ROWS + sr) * SP_LD + sc;
+        if constexpr (TPT == 1) {
+          s[0] += *src;
+        } else if constexpr (TPT == 2) {
+          const float2 v = *reinterpret_cast<const float2*>(src);
+          s[0] += v.x;
+          s[1] += v.y;
+        } else {
+#pragma unroll
+          for (int e = 0; e < TPT; e += 4) {
+            const float4 v = *reinterpret_cast<const float4*>(src + e);
+            s[e] += v.x;
+            s[e + 1] += v.y;
+            s[e + 2] += v.z;
+            s[e + 3] += v.w;
+          }
+        }
+      }
+      const int tb = ps.t0 + t * BN + sc;
+      float mx = ninf();
+#pragma unroll
+      for (int e = 0; e < TPT; ++e) {
+        s[e] = (tb + e < lim_r) ? s[e] * scale_log2 : ninf();
+        mx = fmaxf(mx, s[e]);
+      }
+#pragma unroll
+      for (int off = TPR / 2; off >= 1; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+      const float m_new = fmaxf(m_run, mx);
+      const float m_use = (m_new == ninf()) ? 0.f : m_new;
+      const float alpha = exp2f(m_run - m_use);
+      float sum = 0.f;
+      unsigned pk[(TPT + 1) / 2];
+#pragma unroll
+      for (int e = 0; e < TPT; e += 2) {
+        const float p0 = exp2f(s[e] - m_use), p1 = TPT > 1 ? exp2f(s[(e + 1) % TPT] - m_use) : 0.f;
+        sum += p0 + p1;
+#if KV_FP8
+        pk[e / 2] = pack_f16x2(p0, p1);
+#else
+        pk[e / 2] = pack_bf16x2(p0, p1);
+#endif
+      }
+      unsigned short* pdst = psm + sr * PS_LD + sc;
+      if constexpr (TPT == 1) {
+        *pdst = static_cast<unsigned short>(pk[0] & 0xFFFFu);
+      } else if constexpr (TPT == 2) {
+        *reinterpret_cast<unsigned*>(pdst) = pk[0];
+      } else if constexpr (TPT == 4) {
+        *reinterpret_cast<uint2*>(pdst) = make_uint2(pk[0], pk[1]);
+      } else {
+        *reinterpret_cast<uint4*>(pdst) = make_uint4(pk[0], pk[1], pk[2], pk[3]);
+      }
+#pragma unroll
+      for (int off = TPR / 2; off >= 1; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+      l_run = l_run * alpha + sum;
+      m_run = m_new;
+      if ((tid % TPR) == 0) alpha_s[sr] = alpha;
+    }
+    __syncthreads();
+
+    // ---- O = alpha * O + P V over this warp's 64 output dims
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      const float a0 = alpha_s[mt * 16 + g], a8 = alpha_s[mt * 16 + g + 8];
+#pragma unroll
+      for (int j = 0; j < NJ; ++j) {
+        oacc[mt][j][0] *= a0;
+        oacc[mt][j][1] *= a0;
+        oacc[mt][j][2] *= a8;
+        oacc[mt][j][3] *= a8;
+      }
+    }
+#pragma unroll
+    for (int ks = 0; ks < BN / 16; ++ks) {
+      unsigned pa[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+        ldsm_x4(ps_base + ((mt * 16 + (li & 1) * 8 + lr) * PS_LD + ks * 16 + (li >> 1) * 8) * 2, pa[mt][0], pa[mt][1],
+                pa[mt][2], pa[mt][3]);
+      const int vtok = ks * 16 + (li & 1) * 8 + lr;
+#if KV_FP8
+#pragma unroll
+      for (int u = 0; u < NJ / 4; ++u) {
+        unsigned r0, r1, r2, r3;
+        ldsm_x4_t(kt + vtok * RS + warp * DW + u * 32 + (li >> 1) * 16, r0, r1, r2, r3);
+        unsigned e0, o0, e1, o1, e2, o2, e3, o3;
+        v_cvt(r0, e0, o0);  // tokens 0-7 of dims [32u, +16)
+        v_cvt(r1, e1, o1);  // tokens 8-15
+        v_cvt(r2, e2, o2);  // tokens 0-7 of dims [32u+16, +16)
+        v_cvt(r3, e3, o3);  // tokens 8-15
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_f16(oacc[mt][u * 4 + 0], pa[mt], e0, e1);
+          mma_f16(oacc[mt][u * 4 + 1], pa[mt], o0, o1);
+          mma_f16(oacc[mt][u * 4 + 2], pa[mt], e2, e3);
+          mma_f16(oacc[mt][u * 4 + 3], pa[mt], o2, o3);
+        }
+      }
+#else
+#pragma unroll
+      for (int p = 0; p < NJ / 2; ++p) {
+        unsigned b0, b1, b2, b3;
+        ldsm_x4_t(kt + vtok * RS + (warp * DW + p * 16 + (li >> 1) * 8) * 2, b0, b1, b2, b3);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_bf16(oacc[mt][2 * p], pa[mt], b0, b1);
+          mma_bf16(oacc[mt][2 * p + 1], pa[mt], b2, b3);
+        }
+      }
+#endif
+    }
+  }
+  cp_async_wait<0>();
+
+  // ---- epilogue: LSE from the softmax threads, O from the PV warps
+  if ((tid % TPR) == 0) {
+    l_s[sr] = l_run;
+    const bool hi = MT > 1 && sr >= 16;  // selects, not a run-time index: keeps ps in registers
+    const int valid = hi ? ps.valid[MT - 1] : ps.valid[0];
+    const long long orow = hi ? ps.o_row[MT - 1] : ps.o_row[0];
+    if (valid) lse[orow + (sr & 15)] = l_run > 0.f ? (m_run + log2f(l_run)) * LN2 : ninf();
+  }
+  __syncthreads();
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    if (!ps.valid[mt]) continue;
+    const float l0 = l_s[mt * 16 + g], l8 = l_s[mt * 16 + g + 8];
+    const float i0 = l0 > 0.f ? out_scale / l0 : 0.f, i8 = l8 > 0.f ? out_scale / l8 : 0.f;
+    const long long row0 = ps.o_row[mt] + g, row8 = row0 + 8;
+#if KV_FP8
+    // n8 tile (block D, parity e) column n holds dim D + 2n + e, so this
+    // thread owns dims D + 4qd .. +3 of rows g and g+8.
+#pragma unroll
+    for (int j = 0; j < NJ; j += 2) {
+      const int dim = warp * DW + (j >> 2) * 32 + ((j >> 1) & 1) * 16 + 4 * qd;
+      const float* ev = oacc[mt][j];
+      const float* od = oacc[mt][j + 1];
+      const float4 v0 = make_float4(ev[0] * i0, od[0] * i0, ev[1] * i0, od[1] * i0);
+      const float4 v8 = make_float4(ev[2] * i8, od[2] * i8, ev[3] * i8, od[3] * i8);
+      if (to_part) {
+        *reinterpret_cast<float4*>(part_o + row0 * D_V + dim) = v0;
+        *reinterpret_cast<float4*>(part_o + row8 * D_V + dim) = v8;
+      } else {
+        *reinterpret_cast<uint2*>(o + row0 * D_V + dim) = make_uint2(pack_bf16x2(v0.x, v0.y), pack_bf16x2(v0.z, v0.w));
+        *reinterpret_cast<uint2*>(o + row8 * D_V + dim) = make_uint2(pack_bf16x2(v8.x, v8.y), pack_bf16x2(v8.z, v8.w));
+      }
+    }
+#else
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
+      const int dim = warp * DW + j * 8 + 2 * qd;
+      const float* c = oacc[mt][j];
+      if (to_part) {
+        *reinterpret_cast<float2*>(part_o + row0 * D_V + dim) = make_float2(c[0] * i0, c[1] * i0);
+        *reinterpret_cast<float2*>(part_o + row8 * D_V + dim) = make_float2(c[2] * i8, c[3] * i8);
+      } else {
+        *reinterpret_cast<unsigned*>(o + row0 * D_V + dim) = pack_bf16x2(c[0] * i0, c[1] * i0);
+        *reinterpret_cast<unsigned*>(o + row8 * D_V + dim) = pack_bf16x2(c[2] * i8, c[3] * i8);
+      }
+    }
+#endif
+  }
+  __syncthreads();  // the next pass reuses the shared buffers
+}
+
+}  // namespace mla

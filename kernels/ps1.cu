@@ -1,0 +1,73 @@
+// ps1: persistent MLA decode, page size 1, causal mask on global (DCP
+// round-robin) positions, host-built work list; f32 partials + reduce.
+// ABI: kernels/ABI-kmla.md. Defines: HK, KV_FP8, MT, WARPS, STAGES, FP8_CVT.
+#include "common/merge.cuh"
+#include "common/mla_core.cuh"
+
+using namespace mla;
+
+// CTA c runs work items [work_indptr[c], work_indptr[c+1]) in order; an item
+// is 8 ints (seq, partial, q_start, q_end, kv_start, kv_end, 0, 0).
+extern "C" __global__ void __launch_bounds__(mla::THREADS, 1)
+    ps1_fwd(const unsigned char* __restrict__ q, const unsigned char* __restrict__ kv,
+            const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,
+            const int* __restrict__ qo_indptr, const int* __restrict__ g_kv_indptr,
+            const int* __restrict__ work_indptr, const int* __restrict__ work_items, float q_scale,
+            float kv_scale, float sm_scale, int W, int rank, int S, __nv_bfloat16* __restrict__ o,
+            float* __restrict__ lse, float* __restrict__ part_o, float* __restrict__ part_lse) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  check_smem();
+#if KV_FP8
+  const float scale_log2 = sm_scale * q_scale * kv_scale * LOG2E * QK_F16_SCALE;
+  const float out_scale = kv_scale * V_F16_SCALE;
+#else
+  const float scale_log2 = sm_scale * q_scale * kv_scale * LOG2E;
+  const float out_scale = kv_scale;
+#endif
+  const int w_end = work_indptr[blockIdx.x + 1];
+  for (int w = work_indptr[blockIdx.x]; w < w_end; ++w) {
+    const int* it = work_items + 8ll * w;
+    const int b = it[0], partial = it[1], q_start = it[2], q_end = it[3], kv_start = it[4], kv_end = it[5];
+    const int qo0 = qo_indptr[b], s_q = qo_indptr[b + 1] - qo0;
+    const int L = g_kv_indptr[b + 1] - g_kv_indptr[b];
+    const int rows = (q_end - q_start) * HK;
+    const bool to_part = partial >= 0;
+    const long long out0 = static_cast<long long>(to_part ? partial : q_start) * HK;
+    for (int rb = 0; rb < rows; rb += 16 * MT) {
+      Pass ps;
+      int t1 = kv_start;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        const int r0 = rb + mt * 16;
+        ps.valid[mt] = r0 < rows;
+        const int ii = q_start - qo0 + r0 / HK;  // query position within the sequence
+        const int vis = dcp_local_len(rank, L - s_q + ii + 1, W, S);
+        ps.lim[mt] = ps.valid[mt] ? min(kv_end, vis) : 0;
+        ps.q_row[mt] = static_cast<long long>(q_start) * HK + r0;
+        ps.o_row[mt] = out0 + r0;
+        t1 = max(t1, ps.lim[mt]);
+      }
+      ps.t0 = kv_start;
+      ps.t1 = t1;
+      attend<1>(smem, ps, q, kv, kv_indices + kv_indptr[b], scale_log2, out_scale, to_part, o, part_o,
+                to_part ? part_lse : lse);
+    }
+  }
+}
+
+// Merges partial rows: reduce item m = (q_start, q_end, part_base, n_parts);
+// final row i merges part rows part_base + k*(q_end-q_start) + (i-q_start).
+// grid (n_items, HK), block 128.
+extern "C" __global__ void __launch_bounds__(128)
+    ps1_reduce(const float* __restrict__ part_o, const float* __restrict__ part_lse,
+               const int* __restrict__ reduce_items, __nv_bfloat16* __restrict__ o, float* __restrict__ lse) {
+  const int* it = reduce_items + 4ll * blockIdx.x;
+  const int q_start = it[0], q_end = it[1], base = it[2], n = it[3];
+  const int h = blockIdx.y;
+  const long long nr = q_end - q_start;
+  for (int i = q_start; i < q_end; ++i) {
+    const long long p0 = (base + (i - q_start)) * static_cast<long long>(HK) + h;
+    merge_row_f32(part_o + p0 * D_V, nr * HK * D_V, part_lse + p0, nr * HK, n, ninf(),
+                  o + (static_cast<long long>(i) * HK + h) * D_V, lse + static_cast<long long>(i) * HK + h);
+  }
+}
