@@ -108,7 +108,16 @@ pub struct V4Params {
     pub index_topk: usize,
     pub max_model_len: usize,
     pub sm_scale: f64,
+    /// `kv_indptr[0]`: lists start this far into `kv_indices`, after junk
+    /// entries that point at NaN rows (as a caller slicing a larger CSR does).
+    pub indptr_offset: usize,
+    /// Replays after the first run, each with grown positions and new lists
+    /// (CUDA: one graph captured at T, replayed with new buffer contents).
+    pub replay: usize,
 }
+
+/// Positions of replay step `s` grow by this many tokens per step.
+pub const V4_REPLAY_GROWTH: usize = 301;
 
 impl V4Params {
     /// Heads the kernels run with (SPEC §2: fewer than 16 pad to 16).
@@ -133,6 +142,8 @@ pub struct V4Knobs {
     pub splits: Option<usize>,
     /// Whether the hca_persist workspace exists (a capture without one falls back).
     pub workspace: bool,
+    /// Launch over the N real rows only (an eager call), not the padded T.
+    pub eager: bool,
 }
 
 impl Default for V4Knobs {
@@ -142,6 +153,7 @@ impl Default for V4Knobs {
             partitions: 128,
             splits: None,
             workspace: true,
+            eager: false,
         }
     }
 }

@@ -37,6 +37,8 @@ pub struct RefSet {
     pub full: RefOut,
     /// fp8: the same on unquantized inputs (quantization noise level).
     pub unquantized: Option<RefOut>,
+    /// V4 replay steps: the attention of each step's workload.
+    pub steps: Vec<RefOut>,
     pub flops: f64,
     pub secs: f64,
 }
@@ -84,13 +86,21 @@ fn build_refs(case: &Case, wl: &Workload, check_rows: Option<usize>) -> Result<R
             Some(reference::v4::attend(w, &rows, Inputs::Unquantized)),
         ),
     };
-    let flops = ranks.iter().map(|r| r.flops).sum::<f64>() + full.flops + unq.as_ref().map(|u| u.flops).unwrap_or(0.0);
+    let steps: Vec<RefOut> = match wl {
+        Workload::V4(w) => w.steps.iter().map(|ws| reference::v4::attend(ws, &rows, Inputs::Dequantized)).collect(),
+        Workload::Mla(_) => vec![],
+    };
+    let flops = ranks.iter().map(|r| r.flops).sum::<f64>()
+        + full.flops
+        + unq.as_ref().map(|u| u.flops).unwrap_or(0.0)
+        + steps.iter().map(|r| r.flops).sum::<f64>();
     Ok(RefSet {
         data_id: data_id(case),
         rows,
         ranks,
         full,
         unquantized: unq,
+        steps,
         flops,
         secs: t0.elapsed().as_secs_f64(),
     })
@@ -229,6 +239,32 @@ fn check_pair(
     ]
 }
 
+/// Rows N..T (CUDA-graph padding, length 0): a graph-sized v4_split writes
+/// o = 0 and lse = sink there; hca_persist and eager calls leave them unwritten.
+fn pad_rows_check(case: &Case, w: &crate::workload::V4Workload, plan: &VariantPlan, o: &OutTensor, lse: &OutTensor) -> Check {
+    let (n, t, h) = (w.p.rows, w.t, w.p.heads);
+    let written = matches!(plan, VariantPlan::V4Split(_)) && !case.v4.eager;
+    let poison = |x: f32| x.to_bits() == metrics::POISON_BITS;
+    let mut bad = 0usize;
+    for i in n..t {
+        for hh in 0..h {
+            let os = &o.data[(i * h + hh) * V4_D..(i * h + hh + 1) * V4_D];
+            let l = lse.data[i * h + hh];
+            let ok = if written { os.iter().all(|&x| x == 0.0) && (l - w.sink[hh]).abs() <= 1e-6 } else { os.iter().all(|&x| poison(x)) && poison(l) };
+            bad += usize::from(!ok);
+        }
+    }
+    let expect = if written { "o = 0, lse = sink" } else { "left unwritten" };
+    let m = metrics::ErrorMetrics { n: (t - n) * h, ..Default::default() };
+    Check {
+        tensor: "pad_rows".into(),
+        level: "kernel".into(),
+        metrics: m,
+        pass: bad == 0,
+        why: if bad == 0 { String::new() } else { format!("{bad} of {} pad (row, head) pairs are not {expect}", (t - n) * h) },
+    }
+}
+
 fn find<'a>(out: &'a RunOutput, name: &str) -> Result<&'a OutTensor, String> {
     out.tensors
         .iter()
@@ -309,12 +345,24 @@ fn checks(
             cs.extend(check_pair("", &o, &ro, &l, &rl, MLA_D_V, tol));
         }
         (Workload::V4(w), VariantId::V4Split | VariantId::HcaPersist | VariantId::SplitMerge) => {
+            let w: &crate::workload::V4Workload = w;
             let h = w.p.heads;
             let o = pick(find(out, "o")?, rows, false);
             let l = pick(find(out, "lse")?, rows, false);
             let ro = ref_heads(&refs.full.o, rows.len(), refs.full.heads, h, V4_D);
             let rl = ref_heads(&refs.full.lse, rows.len(), refs.full.heads, h, 1);
             cs.extend(check_pair("", &o, &ro, &l, &rl, V4_D, tol));
+            if case.variant != VariantId::SplitMerge {
+                for (k, r) in refs.steps.iter().enumerate() {
+                    let name = format!("step{}", k + 1);
+                    let o = pick(find(out, &format!("o.{name}"))?, rows, false);
+                    let l = pick(find(out, &format!("lse.{name}"))?, rows, false);
+                    let ro = ref_heads(&r.o, rows.len(), r.heads, h, V4_D);
+                    let rl = ref_heads(&r.lse, rows.len(), r.heads, h, 1);
+                    cs.extend(check_pair(&name, &o, &ro, &l, &rl, V4_D, tol));
+                }
+                cs.push(pad_rows_check(case, w, plan, find(out, "o")?, find(out, "lse")?));
+            }
         }
         (_, v) => return Err(format!("no checks defined for {v} on this family")),
     }

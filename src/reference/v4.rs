@@ -166,6 +166,8 @@ mod tests {
             index_topk: 64,
             max_model_len: 1 << 16,
             sm_scale: 512f64.powf(-0.5),
+            indptr_offset: 0,
+            replay: 0,
         }
     }
 

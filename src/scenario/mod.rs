@@ -66,6 +66,9 @@ pub struct V4Block {
     pub min_rows: usize,
     pub partitions: usize,
     pub workspace: bool,
+    pub eager: bool,
+    pub indptr_offset: usize,
+    pub replay: usize,
     pub sm_scale: f64,
     pub seed: u64,
     pub tol: Tolerances,
@@ -380,6 +383,12 @@ fn v4_block(b: &RawV4, seed: u64) -> Result<V4Block, String> {
         min_rows: b.min_rows.unwrap_or(15),
         partitions,
         workspace: b.workspace.unwrap_or(true),
+        eager: b.eager.unwrap_or(false),
+        indptr_offset: b.indptr_offset.unwrap_or(0),
+        replay: match b.replay.unwrap_or(0) {
+            r @ 0..=8 => r,
+            r => return Err(format!("key `replay`: {r} replays; use 0..=8")),
+        },
         sm_scale: sm_scale(b.sm_scale, 512f64.powf(-0.5))?,
         seed: b.seed.unwrap_or(seed),
         tol,
@@ -491,6 +500,8 @@ pub fn expand(sc: &Scenario) -> Expansion {
                                     index_topk: b.index_topk,
                                     max_model_len: b.max_model_len,
                                     sm_scale: b.sm_scale,
+                                    indptr_offset: b.indptr_offset,
+                                    replay: b.replay,
                                 };
                                 for &variant in &b.variants {
                                     let split_axis: Vec<Option<usize>> = if variant == VariantId::V4Split {
@@ -499,10 +510,16 @@ pub fn expand(sc: &Scenario) -> Expansion {
                                         vec![None]
                                     };
                                     for splits in split_axis {
-                                        let id = match splits {
+                                        let mut id = match splits {
                                             Some(n) => format!("{data_id}-n{n}"),
                                             None => data_id.clone(),
                                         };
+                                        if b.eager {
+                                            id.push_str("-eager");
+                                        }
+                                        if !b.workspace {
+                                            id.push_str("-nows");
+                                        }
                                         cases.push(Case {
                                             id,
                                             variant,
@@ -517,6 +534,7 @@ pub fn expand(sc: &Scenario) -> Expansion {
                                                 partitions: b.partitions,
                                                 splits,
                                                 workspace: b.workspace,
+                                                eager: b.eager,
                                             },
                                             scenario: sc.path.clone(),
                                         });
@@ -539,9 +557,12 @@ pub fn expand(sc: &Scenario) -> Expansion {
 pub fn data_id(case: &Case) -> String {
     match &case.params {
         CaseParams::Mla(p) => case.id.trim_end_matches(&format!("-p{}", p.page_size)).to_string(),
-        CaseParams::V4(_) => match case.v4.splits {
-            Some(n) => case.id.trim_end_matches(&format!("-n{n}")).to_string(),
-            None => case.id.clone(),
-        },
+        CaseParams::V4(_) => {
+            let id = case.id.trim_end_matches("-nows").trim_end_matches("-eager");
+            match case.v4.splits {
+                Some(n) => id.trim_end_matches(&format!("-n{n}")).to_string(),
+                None => id.to_string(),
+            }
+        }
     }
 }

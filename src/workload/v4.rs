@@ -8,7 +8,7 @@ use rayon::prelude::*;
 
 use super::codec::{self, BF16_NAN, E4M3_NAN};
 use super::rng;
-use crate::case::{LayerType, V4Params, V4_D, V4_D_NOPE, V4_D_ROPE, V4_WINDOW};
+use crate::case::{LayerType, V4Params, V4_D, V4_D_NOPE, V4_D_ROPE, V4_REPLAY_GROWTH, V4_WINDOW};
 
 /// Tiles of 64 nope elements, each with its own UE8M0 scale.
 pub const V4_TILES: usize = V4_D_NOPE / 64;
@@ -46,6 +46,8 @@ pub struct V4Workload {
     pub sink: Vec<f32>,
     /// Sequences share compressed pool regions (the pool hit `POOL_ROW_CAP`).
     pub shared_pool: bool,
+    /// Replay steps: same shapes, grown positions, new lists and pool contents.
+    pub steps: Vec<V4Workload>,
 }
 
 impl V4Workload {
@@ -215,6 +217,14 @@ pub fn build(p: &V4Params, seed: u64) -> Result<V4Workload> {
     for i in p.rows..t {
         kv_indptr[i + 1] = kv_indptr[i];
     }
+    if p.indptr_offset > 0 {
+        // Junk entries before the first list, pointing at NaN rows: a kernel
+        // that ignores kv_indptr[0] reads them and fails.
+        let slack = &phys[logical..];
+        let junk: Vec<i32> = (0..p.indptr_offset).map(|k| slack[k % slack.len()]).collect();
+        kv_indices.splice(0..0, junk);
+        kv_indptr.iter_mut().for_each(|x| *x += p.indptr_offset as i32);
+    }
 
     // Pool contents: used rows random, the rest NaN.
     let mut pool_src = vec![0f32; pool_rows * V4_D];
@@ -237,6 +247,14 @@ pub fn build(p: &V4Params, seed: u64) -> Result<V4Workload> {
 
     let mut sink = vec![0f32; hk];
     rng::fill_normal(&mut sink[..p.heads], seed, "sink", 0, 2.0);
+    let steps = (1..=p.replay)
+        .map(|s| {
+            let mut sp = p.clone();
+            sp.replay = 0;
+            sp.positions = p.positions.iter().map(|&x| (x + s * V4_REPLAY_GROWTH).min(p.max_model_len - 1)).collect();
+            build(&sp, crate::case::stable_hash(&[&seed.to_le_bytes(), b"replay", &s.to_le_bytes()]))
+        })
+        .collect::<Result<Vec<_>>>()?;
 
     Ok(V4Workload {
         p: p.clone(),
@@ -255,6 +273,7 @@ pub fn build(p: &V4Params, seed: u64) -> Result<V4Workload> {
         kv_indices,
         sink,
         shared_pool,
+        steps,
     })
 }
 
@@ -274,6 +293,8 @@ mod tests {
             index_topk: 16,
             max_model_len: 1 << 16,
             sm_scale: (512f64).powf(-0.5),
+            indptr_offset: 0,
+            replay: 0,
         }
     }
 
@@ -337,6 +358,24 @@ mod tests {
             }
             assert_eq!(w.kv_indptr[w.t] as usize, w.kv_indices.len());
         }
+    }
+
+    #[test]
+    fn offset_lists_start_after_junk_and_replays_grow() {
+        let mut p = params(LayerType::Hca, vec![200, 700], 1);
+        p.indptr_offset = 5;
+        p.replay = 2;
+        let w = build(&p, 4).unwrap();
+        assert_eq!(w.kv_indptr[0], 5);
+        for &j in &w.kv_indices[..5] {
+            assert!(w.pool_vals[j as usize * V4_D].is_nan(), "junk entries point at NaN rows");
+        }
+        assert_eq!(w.row_len(1), 128 + 701 / 128);
+        assert_eq!(w.steps.len(), 2);
+        let s2 = &w.steps[1];
+        assert_eq!(s2.p.positions, vec![200 + 2 * V4_REPLAY_GROWTH, 700 + 2 * V4_REPLAY_GROWTH]);
+        assert!(s2.row_len(1) > w.row_len(1), "lengths grow");
+        assert_eq!((s2.t, s2.heads, s2.kv_indptr[0]), (w.t, w.heads, 5), "same shapes and offset");
     }
 
     #[test]

@@ -477,6 +477,23 @@ fn run_hca(w: &V4Workload, plan: &crate::plan::v4::HcaPlan, rows: &[usize]) -> V
     v4_tensors(w, o, lse)
 }
 
+/// Appends `suffix` to tensor names (`o` -> `o.step1`).
+fn rename(mut ts: Vec<OutTensor>, suffix: &str) -> Vec<OutTensor> {
+    for t in &mut ts {
+        t.name.push_str(suffix);
+    }
+    ts
+}
+
+/// Runs the workload and each of its replay steps (same plan, new lists).
+fn with_steps(w: &V4Workload, mut f: impl FnMut(&V4Workload, &str) -> Result<Vec<OutTensor>, BackendError>) -> Result<Vec<OutTensor>, BackendError> {
+    let mut out = f(w, "")?;
+    for (s, ws) in w.steps.iter().enumerate() {
+        out.extend(f(ws, &format!(".step{}", s + 1))?);
+    }
+    Ok(out)
+}
+
 fn run_split_merge(s: &SplitMergeInputs, t: usize) -> Vec<OutTensor> {
     let h = s.heads;
     let mut o = poison(t * h * V4_D);
@@ -525,8 +542,30 @@ impl Backend for CpuBackend {
                 mla_tensors(w, run_page64(w, splits, *kernel_heads, req.rows), *kernel_heads)
             }
             (Workload::Mla(_), VariantPlan::DcpCombine(c)) => run_combine(c),
-            (Workload::V4(w), VariantPlan::V4Split(s)) => run_v4_split(w, s.n, req.rows),
-            (Workload::V4(w), VariantPlan::HcaPersist { plan, .. }) => run_hca(w, plan, req.rows),
+            (Workload::V4(w), VariantPlan::V4Split(s)) => {
+                // A graph launch covers all T rows (pad rows get o = 0, lse = sink);
+                // an eager one only the N real rows.
+                let mut rows = req.rows.to_vec();
+                if !req.case.v4.eager {
+                    rows.extend(w.p.rows..w.t);
+                }
+                with_steps(w, |ws, suffix| Ok(rename(run_v4_split(ws, s.n, &rows), suffix)))?
+            }
+            (Workload::V4(w), VariantPlan::HcaPersist { partitions, plan }) => with_steps(w, |ws, suffix| {
+                // The kernel plans from each call's real lengths: so does the emulation.
+                let replanned;
+                let plan = if suffix.is_empty() {
+                    plan
+                } else {
+                    let lens: Vec<usize> = (0..ws.p.rows).map(|i| ws.row_len(i)).collect();
+                    replanned = match crate::plan::v4::hca_partition_plan(&lens, *partitions) {
+                        Ok(p) => p,
+                        Err(e) => return Err(BackendError::Failed(format!("hca plan of a replay: {e}"))),
+                    };
+                    &replanned
+                };
+                Ok(rename(run_hca(ws, plan, req.rows), suffix))
+            })?,
             (Workload::V4(w), VariantPlan::SplitMerge(s)) => run_split_merge(s, w.t),
             _ => {
                 return Err(BackendError::Unsupported(
