@@ -8,7 +8,7 @@
 //   KV_FP8  0: bf16 Q/KV; 1: e4m3 Q/KV with per-tensor scales
 //   MT      16-row m-tiles per pass over the KV (1 or 2; default 1)
 //   STAGES  cp.async ring depth (default 4)
-//   WARPS   8 or 16 warps per CTA (default 16 for MT=1, 8 for MT=2)
+//   WARPS   8 or 16 warps per CTA (default 16 for fp8 with MT=1, else 8)
 //   FP8_CVT e4m3 -> f16 method, see fp8.cuh
 //
 // Warp roles: for S = Q K^T warp w owns dims [144*(w%4), +144) and the
@@ -35,7 +35,7 @@
 #define STAGES 4
 #endif
 #ifndef WARPS
-#define WARPS (MT == 1 ? 16 : 8)
+#define WARPS (MT == 1 && KV_FP8 ? 16 : 8)
 #endif
 
 static_assert(HK % 16 == 0 && HK >= 16 && HK <= 128, "HK must be a multiple of 16 in 16..128");

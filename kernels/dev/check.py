@@ -371,8 +371,9 @@ def block_threads(d):
     return 32 * d["WARPS"]
 
 
-def smem_bytes(fp8, mt, stages=4):
+def smem_bytes(fp8, mt, stages=None):
     """Mirror of SMEM_BYTES in kernels/common/mla_core.cuh."""
+    stages = stages or 4
     eb = 1 if fp8 else 2
     rs = D_QK * eb + 16
     bn = 64 if fp8 else 32
@@ -388,33 +389,72 @@ class Kernels:
         self.mods = {}
         self.tmp = tempfile.mkdtemp()
 
-    def prepare(self, configs):
+    def prepare(self, configs, patch=None):
         from concurrent.futures import ThreadPoolExecutor
 
-        todo = [c for c in configs if self.key(*c) not in self.mods]
+        todo, seen = [], set()
+        for c in configs:  # unique keys only: each gets its own cubin file
+            k = self.key(*c, patch)
+            if k not in self.mods and k not in seen:
+                seen.add(k)
+                todo.append(c)
+        root = self.patched(patch) if patch else None
 
         def one(c):
-            cub, log, _ = self.nv.compile(c[0], c[1])
+            cub, log, _ = self.nv.compile(c[0], c[1], **({"root": root} if root else {}))
             if cub is None:
                 raise RuntimeError(f"compile {c}: {log}")
             return c, cub
 
         with ThreadPoolExecutor(max_workers=16) as ex:
             for (name, d), cub in ex.map(one, todo):
-                path = os.path.join(self.tmp, f"m{len(self.mods)}.cubin")
+                # RawModule(path=) loads lazily: a file name must never be reused.
+                self.n_files = getattr(self, "n_files", 0) + 1
+                path = os.path.join(self.tmp, f"m{self.n_files}.cubin")
                 open(path, "wb").write(cub)
-                self.mods[self.key(name, d)] = cp.RawModule(path=path)
+                self.mods[self.key(name, d, patch)] = cp.RawModule(path=path)
+
+    def patched(self, patch):
+        """A kernels/ copy with ABLATIONS[patch] applied (timing experiments only)."""
+        import shutil
+
+        from nvrtc import KERNELS
+        root = os.path.join(self.tmp, "k_" + patch)
+        if not os.path.exists(root):
+            shutil.copytree(KERNELS, root, ignore=shutil.ignore_patterns("dev"))
+            for rel, old, new in ABLATIONS[patch]:
+                fp = os.path.join(root, rel)
+                txt = open(fp).read()
+                assert old in txt, (patch, old)
+                open(fp, "w").write(txt.replace(old, new))
+        return root
 
     @staticmethod
-    def key(name, d):
-        return name + str(sorted(d.items()))
+    def key(name, d, patch=None):
+        return name + str(sorted(d.items())) + (patch or "")
 
-    def fn(self, name, d, entry, smem=0):
-        self.prepare([(name, d)])
-        f = self.mods[self.key(name, d)].get_function(entry)
+    def fn(self, name, d, entry, smem=0, patch=None):
+        self.prepare([(name, d)], patch)
+        f = self.mods[self.key(name, d, patch)].get_function(entry)
         if smem > 48 * 1024:
             f.max_dynamic_shared_size_bytes = smem
         return f
+
+
+# Timing-only ablations of the fp8 path: each removes one kind of work (the
+# results are wrong on purpose); the time saved says what that work costs.
+_QC = "__device__ __forceinline__ void qk_cvt(unsigned w, unsigned& x, unsigned& y) {"
+_VC = "__device__ __forceinline__ void v_cvt(unsigned w, unsigned& x, unsigned& y) {"
+ABLATIONS = {
+    "noKcvt": [("common/fp8.cuh", _QC, _QC + " x = w; y = w ^ 0x55555555u; return;")],
+    "noVcvt": [("common/fp8.cuh", _VC, _VC + " x = w; y = w ^ 0x55555555u; return;")],
+    "noQKmma": [("common/mla_core.cuh", "mma_f16(sacc[mt][n], qf[mt][c], b0, b1);",
+                 "sacc[mt][n][0] += __uint_as_float((b0 ^ b1 ^ qf[mt][c][0]) & 0x3fffffffu);")],
+    "noPVmma": [("common/mla_core.cuh", f"mma_f16(oacc[mt][u * 4 + {k}], pa[mt], {x}, {y});",
+                 f"oacc[mt][u * 4 + {k}][0] += __uint_as_float(({x} ^ {y} ^ pa[mt][{k}]) & 0x3fffffffu);")
+                for k, x, y in ((0, "e0", "e1"), (1, "o0", "o1"), (2, "e2", "e3"), (3, "o2", "o3"))],
+    "noexp": [("common/mla_core.cuh", "exp2f(", "(")],
+}
 
 
 def i32(a):
@@ -424,11 +464,13 @@ def i32(a):
 class Ps1Run:
     """Device buffers + launches of ps1 for one rank of a case."""
 
-    def __init__(self, K, case, r, mt, num_ctas=132, stages=None, cvt=None, warps=None):
+    def __init__(self, K, case, r, mt, num_ctas=132, stages=None, cvt=None, warps=None, idx_pf=None, patch=None):
         self.case, self.sh = case, case.shards[r]
         self.d = mla_defines(case.hk, case.fp8, mt, stages, cvt, warps)
-        self.smem = smem_bytes(case.fp8, mt, stages or 4)
-        self.fwd = K.fn("ps1.cu", self.d, "ps1_fwd", self.smem)
+        if idx_pf is not None:
+            self.d["IDX_PF"] = idx_pf
+        self.smem = smem_bytes(case.fp8, mt, stages)
+        self.fwd = K.fn("ps1.cu", self.d, "ps1_fwd", self.smem, patch)
         self.red = K.fn("ps1.cu", self.d, "ps1_reduce")
         self.plan = plan_ps1(self.sh["lens"], case.s_q, num_ctas)
         self.num_ctas = num_ctas
@@ -467,12 +509,12 @@ class Ps1Run:
 
 
 class Page64Run:
-    def __init__(self, K, case, mt, n_splits=None, stages=None, cvt=None, r=0, warps=None):
+    def __init__(self, K, case, mt, n_splits=None, stages=None, cvt=None, r=0, warps=None, patch=None):
         assert case.page == 64
         self.case, self.sh = case, case.shards[r]
         self.d = mla_defines(case.hk, case.fp8, mt, stages, cvt, warps)
-        self.smem = smem_bytes(case.fp8, mt, stages or 4)
-        self.fwd = K.fn("page64.cu", self.d, "page64_fwd", self.smem)
+        self.smem = smem_bytes(case.fp8, mt, stages)
+        self.fwd = K.fn("page64.cu", self.d, "page64_fwd", self.smem, patch)
         self.mrg = K.fn("page64.cu", self.d, "page64_merge")
         self.n = n_splits or page64_splits(case.B, case.hk, case.s_q, self.sh["lens"], case.fp8)
         self.bufs = [i32(self.sh["kv_indptr"]), i32(self.sh["kv_indices"]), i32(self.sh["last"]), i32(case.qo_indptr)]
@@ -518,6 +560,7 @@ def compare_rank(run, ref, seqs=None):
 # ------------------------------------------------------------------ parts
 RESULTS = []
 VERBOSE = False
+ABLATE = False
 
 
 def record(part, name, res, extra=None):
@@ -763,7 +806,7 @@ def part_time(K, quick=False):
     if quick:
         shapes = shapes[:1]
     variants = [dict()]
-    extra = [dict(warps=8), dict(stages=5), dict(stages=3), dict(cvt=1)]
+    extra = [dict(warps=8), dict(warps=16)]
     for fp8 in (False, True):
         for (B, L) in shapes:
             base = Case([L] * B, 1, 16, 16, 1, 1, fp8=fp8, page=1, seed=7)
@@ -773,8 +816,8 @@ def part_time(K, quick=False):
                 print(f"gather probe {'fp8' if fp8 else 'bf16'} B{B} L{L} page{page}: {gbw:.0f} GB/s read", flush=True)
                 rows.append(dict(name=f"gather page{page} {'fp8' if fp8 else 'bf16'} B{B} L{L}", gather_gbs=gbw))
                 vs = variants + (extra if (B, L) == (128, 32768) and not quick else [])
-                if not fp8:
-                    vs = [v for v in vs if "cvt" not in v]
+                if (B, L) == (128, 32768) and ABLATE and fp8 and page == 64:
+                    vs = vs + [dict(patch=k) for k in ABLATIONS]
                 for v in vs:
                     run = (Ps1Run(K, case, 0, 1, **v) if page == 1 else Page64Run(K, case, 1, **v))
                     run.poison()
@@ -891,10 +934,12 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--part", required=True, choices=["selftest", "merge", "ps1", "page64", "time"])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--verbose", action="store_true", help="print passing cases too (always in $OUT/<part>.jsonl)")
+    ap.add_argument("--verbose", action="store_true", help="print passing cases too (always in $OUT/results.jsonl)")
+    ap.add_argument("--ablate", action="store_true", help="time: add the fp8 ablations (wrong results on purpose)")
     a = ap.parse_args()
-    global VERBOSE
+    global VERBOSE, ABLATE
     VERBOSE = a.verbose
+    ABLATE = a.ablate
     if a.part == "selftest":
         part_selftest()
         return
@@ -907,9 +952,8 @@ def main():
                  (128, 2, None)]] + [("merge.cu", {})]
         if a.part == "time":
             cfgs = [("ps1.cu", mla_defines(16, f, 1)) for f in (0, 1)] + [("page64.cu", mla_defines(16, f, 1)) for f in (0, 1)]
-            cfgs += [(n, mla_defines(16, 1, 1, None, 1)) for n in ("ps1.cu", "page64.cu")]
             cfgs += [(n, mla_defines(16, f, 1, st, None, w)) for n in ("ps1.cu", "page64.cu") for f in (0, 1)
-                     for st, w in ((5, None), (3, None), (None, 8))]
+                     for st, w in ((None, 8), (None, 16), (5, None), (3, None))]
         K.prepare(cfgs)
     if a.part == "page64":
         K.prepare([("page64.cu", mla_defines(hk, f, mt, warps=w)) for f in (0, 1)

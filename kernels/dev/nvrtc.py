@@ -77,11 +77,11 @@ class Nvrtc:
         L.nvrtcGetPTX.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
         L.nvrtcDestroyProgram.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
 
-    def compile(self, name, defines, ptxas_verbose=False, want_ptx=False):
-        """Returns (cubin bytes or None, log, ptx or None)."""
-        path = os.path.join(KERNELS, name)
+    def compile(self, name, defines, ptxas_verbose=False, want_ptx=False, root=KERNELS):
+        """Returns (cubin bytes or None, log, ptx or None). `root`: a kernels/ copy."""
+        path = os.path.join(root, name)
         src = open(path, "rb").read()
-        opts = ["--gpu-architecture=sm_90a", "-std=c++17", f"-I{KERNELS}", f"-I{self.inc}"]
+        opts = ["--gpu-architecture=sm_90a", "-std=c++17", f"-I{root}", f"-I{self.inc}"]
         opts += [f"-D{k}={v}" for k, v in sorted(defines.items())]
         if ptxas_verbose:
             opts.append("--ptxas-options=-v")
@@ -111,7 +111,7 @@ class Nvrtc:
 
 
 def mla_defines(hk, fp8, mt, stages=None, cvt=None, warps=None):
-    d = {"HK": hk, "KV_FP8": int(fp8), "MT": mt, "WARPS": warps or (16 if mt == 1 else 8)}
+    d = {"HK": hk, "KV_FP8": int(fp8), "MT": mt, "WARPS": warps or (16 if mt == 1 and fp8 else 8)}
     if stages is not None:
         d["STAGES"] = stages
     if cvt is not None:
@@ -139,7 +139,8 @@ def main():
         ("ps1.cu", mla_defines(16, 0, 1)), ("ps1.cu", mla_defines(16, 1, 1)),
         ("ps1.cu", mla_defines(96, 0, 2)), ("ps1.cu", mla_defines(96, 1, 2)),
         ("ps1.cu", mla_defines(16, 1, 1, cvt=1)), ("ps1.cu", mla_defines(16, 1, 1, cvt=2)),
-        ("ps1.cu", mla_defines(16, 0, 1, stages=5)), ("ps1.cu", mla_defines(16, 1, 2, stages=5)),
+        ("ps1.cu", mla_defines(16, 0, 1, stages=5)), ("ps1.cu", mla_defines(16, 1, 2, stages=3)),
+        ("ps1.cu", mla_defines(16, 1, 1, warps=8)), ("ps1.cu", mla_defines(16, 0, 1, warps=16)),
         ("page64.cu", mla_defines(16, 0, 1)), ("page64.cu", mla_defines(128, 1, 2)),
         ("merge.cu", {})]
     want_ptx = "--ptx" in sys.argv
