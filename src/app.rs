@@ -360,16 +360,35 @@ pub fn open_backend(choice: BackendChoice, kernels_dir: &Path) -> Result<Box<dyn
 /// hca_persist; writes splits.csv and splits.svg next to the run's rows.
 pub fn splits(args: &crate::cli::SplitsArgs) -> Result<u8> {
     use crate::splits::{Point, Study};
-    let (cases, _) = resolve_cases(std::slice::from_ref(&args.scenario), &args.cases, &[VariantId::V4Split, VariantId::HcaPersist])?;
+    let (cases, _) = resolve_cases(
+        std::slice::from_ref(&args.scenario),
+        &args.cases,
+        &[VariantId::V4Split, VariantId::HcaPersist],
+    )?;
     let (mut backend, notice) = backend::select(args.backend, &args.kernels_dir)?;
     if let Some(n) = notice {
         eprintln!("{n}");
     }
-    let timing = TimingOptions { enabled: true, warmup: 3, min_samples: args.min_samples.max(1), min_time_ms: args.min_time_ms, cold_l2: true, graph: args.graph };
+    let timing = TimingOptions {
+        enabled: true,
+        warmup: 3,
+        min_samples: args.min_samples.max(1),
+        min_time_ms: args.min_time_ms,
+        cold_l2: true,
+        graph: args.graph,
+    };
     let bname = backend.info().backend.clone();
-    let opts = RunOptions { check_rows: args.check_rows, timing, dump: None, repro_flags: format!(" --backend {bname}") };
+    let opts = RunOptions {
+        check_rows: args.check_rows,
+        timing,
+        dump: None,
+        repro_flags: format!(" --backend {bname}"),
+    };
     let meta = RunMeta {
-        run_id: args.run_id.clone().unwrap_or_else(|| format!("splits-{}", chrono::Utc::now().format("%Y%m%d-%H%M%S"))),
+        run_id: args
+            .run_id
+            .clone()
+            .unwrap_or_else(|| format!("splits-{}", chrono::Utc::now().format("%Y%m%d-%H%M%S"))),
         started: chrono::Utc::now().to_rfc3339(),
         mlabench_version: env!("CARGO_PKG_VERSION").to_string(),
         command: std::env::args().collect::<Vec<_>>().join(" "),
@@ -388,7 +407,13 @@ pub fn splits(args: &crate::cli::SplitsArgs) -> Result<u8> {
     let mut studies = Vec::new();
     let point = |row: &crate::result::Row, n: usize| -> Option<Point> {
         let l = row.latency.iter().find(|l| l.region == "variant")?;
-        Some(Point { n, median_ms: l.summary.median, p10_ms: l.summary.p10, p90_ms: l.summary.p90, pass: row.status == Status::Pass })
+        Some(Point {
+            n,
+            median_ms: l.summary.median,
+            p10_ms: l.summary.p10,
+            p90_ms: l.summary.p90,
+            pass: row.status == Status::Pass,
+        })
     };
     for base in bases {
         let CaseParams::V4(p) = &base.params else { continue };
@@ -442,6 +467,9 @@ pub fn splits(args: &crate::cli::SplitsArgs) -> Result<u8> {
     println!("{}", report::splits::table(&studies));
     println!("{}", report::table::summary_line(dir.rows()));
     println!("results: {} (splits.csv, splits.svg)", dir.path().display());
-    let failed = dir.rows().iter().any(|r| matches!(r.status, Status::Fail | Status::Error));
+    let failed = dir
+        .rows()
+        .iter()
+        .any(|r| matches!(r.status, Status::Fail | Status::Error));
     Ok(if failed { exit::CHECK_FAILED } else { exit::OK })
 }

@@ -87,7 +87,11 @@ fn build_refs(case: &Case, wl: &Workload, check_rows: Option<usize>) -> Result<R
         ),
     };
     let steps: Vec<RefOut> = match wl {
-        Workload::V4(w) => w.steps.iter().map(|ws| reference::v4::attend(ws, &rows, Inputs::Dequantized)).collect(),
+        Workload::V4(w) => w
+            .steps
+            .iter()
+            .map(|ws| reference::v4::attend(ws, &rows, Inputs::Dequantized))
+            .collect(),
         Workload::Mla(_) => vec![],
     };
     let flops = ranks.iter().map(|r| r.flops).sum::<f64>()
@@ -241,7 +245,13 @@ fn check_pair(
 
 /// Rows N..T (CUDA-graph padding, length 0): a graph-sized v4_split writes
 /// o = 0 and lse = sink there; hca_persist and eager calls leave them unwritten.
-fn pad_rows_check(case: &Case, w: &crate::workload::V4Workload, plan: &VariantPlan, o: &OutTensor, lse: &OutTensor) -> Check {
+fn pad_rows_check(
+    case: &Case,
+    w: &crate::workload::V4Workload,
+    plan: &VariantPlan,
+    o: &OutTensor,
+    lse: &OutTensor,
+) -> Check {
     let (n, t, h) = (w.p.rows, w.t, w.p.heads);
     let written = matches!(plan, VariantPlan::V4Split(_)) && !case.v4.eager;
     let poison = |x: f32| x.to_bits() == metrics::POISON_BITS;
@@ -250,18 +260,29 @@ fn pad_rows_check(case: &Case, w: &crate::workload::V4Workload, plan: &VariantPl
         for hh in 0..h {
             let os = &o.data[(i * h + hh) * V4_D..(i * h + hh + 1) * V4_D];
             let l = lse.data[i * h + hh];
-            let ok = if written { os.iter().all(|&x| x == 0.0) && (l - w.sink[hh]).abs() <= 1e-6 } else { os.iter().all(|&x| poison(x)) && poison(l) };
+            let ok = if written {
+                os.iter().all(|&x| x == 0.0) && (l - w.sink[hh]).abs() <= 1e-6
+            } else {
+                os.iter().all(|&x| poison(x)) && poison(l)
+            };
             bad += usize::from(!ok);
         }
     }
     let expect = if written { "o = 0, lse = sink" } else { "left unwritten" };
-    let m = metrics::ErrorMetrics { n: (t - n) * h, ..Default::default() };
+    let m = metrics::ErrorMetrics {
+        n: (t - n) * h,
+        ..Default::default()
+    };
     Check {
         tensor: "pad_rows".into(),
         level: "kernel".into(),
         metrics: m,
         pass: bad == 0,
-        why: if bad == 0 { String::new() } else { format!("{bad} of {} pad (row, head) pairs are not {expect}", (t - n) * h) },
+        why: if bad == 0 {
+            String::new()
+        } else {
+            format!("{bad} of {} pad (row, head) pairs are not {expect}", (t - n) * h)
+        },
     }
 }
 

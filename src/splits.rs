@@ -35,7 +35,10 @@ pub struct Study {
 impl Study {
     /// The fastest fixed plan (ties to the smaller n).
     pub fn best(&self) -> Option<&Point> {
-        self.points.iter().filter(|p| p.median_ms.is_finite()).min_by(|a, b| a.median_ms.total_cmp(&b.median_ms).then(a.n.cmp(&b.n)))
+        self.points
+            .iter()
+            .filter(|p| p.median_ms.is_finite())
+            .min_by(|a, b| a.median_ms.total_cmp(&b.median_ms).then(a.n.cmp(&b.n)))
     }
     pub fn at(&self, n: usize) -> Option<&Point> {
         self.points.iter().find(|p| p.n == n)
@@ -57,7 +60,10 @@ pub fn regret_summary(studies: &[Study]) -> Option<(f64, f64)> {
     if r.is_empty() {
         return None;
     }
-    Some((r.iter().cloned().fold(f64::MIN, f64::max), r.iter().sum::<f64>() / r.len() as f64))
+    Some((
+        r.iter().cloned().fold(f64::MIN, f64::max),
+        r.iter().sum::<f64>() / r.len() as f64,
+    ))
 }
 
 #[cfg(test)]
@@ -65,7 +71,13 @@ mod tests {
     use super::*;
 
     fn pt(n: usize, ms: f64) -> Point {
-        Point { n, median_ms: ms, p10_ms: ms, p90_ms: ms, pass: true }
+        Point {
+            n,
+            median_ms: ms,
+            p10_ms: ms,
+            p90_ms: ms,
+            pass: true,
+        }
     }
 
     fn study(times: &[f64], pick: usize, hca: Option<f64>) -> Study {

@@ -152,13 +152,19 @@ pub fn kernels_check(kernels_dir: &std::path::Path, arch: Option<&str>, check: b
             }
         }
     }
-    println!("{} of {} kernel configurations compiled for {arch} in {:.1} s", results.len() - failed, results.len(), t0.elapsed().as_secs_f64());
+    println!(
+        "{} of {} kernel configurations compiled for {arch} in {:.1} s",
+        results.len() - failed,
+        results.len(),
+        t0.elapsed().as_secs_f64()
+    );
     Ok(if failed > 0 { exit::CHECK_FAILED } else { exit::OK })
 }
 
 /// `mlabench device`: device facts and measured ceilings.
 pub fn device_report(kernels_dir: &std::path::Path, ceilings: bool) -> anyhow::Result<u8> {
-    let r = cuda::device_report(kernels_dir, ceilings).map_err(|e| crate::error::InputError::Environment(format!("{e}; run on a machine with an NVIDIA GPU")))?;
+    let r = cuda::device_report(kernels_dir, ceilings)
+        .map_err(|e| crate::error::InputError::Environment(format!("{e}; run on a machine with an NVIDIA GPU")))?;
     for (k, v) in r.lines() {
         println!("{k:<28} {v}");
     }

@@ -67,7 +67,7 @@ pub struct V4Block {
     pub partitions: usize,
     pub workspace: bool,
     pub eager: bool,
-    pub indptr_offset: usize,
+    pub indptr_offset: Vec<usize>,
     pub replay: usize,
     pub sm_scale: f64,
     pub seed: u64,
@@ -384,7 +384,12 @@ fn v4_block(b: &RawV4, seed: u64) -> Result<V4Block, String> {
         partitions,
         workspace: b.workspace.unwrap_or(true),
         eager: b.eager.unwrap_or(false),
-        indptr_offset: b.indptr_offset.unwrap_or(0),
+        indptr_offset: b
+            .indptr_offset
+            .as_ref()
+            .map(|v| usize_axis(v, "indptr_offset", 0))
+            .transpose()?
+            .unwrap_or(vec![0]),
         replay: match b.replay.unwrap_or(0) {
             r @ 0..=8 => r,
             r => return Err(format!("key `replay`: {r} replays; use 0..=8")),
@@ -474,9 +479,19 @@ pub fn expand(sc: &Scenario) -> Expansion {
                 for &pad in &b.pad_rows {
                     for &heads in &b.heads {
                         for pos in &b.position {
-                            for &verify in &b.verify {
-                                let data_id =
+                            for (&verify, &offset) in b
+                                .verify
+                                .iter()
+                                .flat_map(|v| b.indptr_offset.iter().map(move |o| (v, o)))
+                            {
+                                let mut data_id =
                                     format!("v4-{layer}-n{rows}-t{}-h{heads}-p{}-v{verify}", rows + pad, pos.label());
+                                if offset > 0 {
+                                    data_id.push_str(&format!("-o{offset}"));
+                                }
+                                if b.replay > 0 {
+                                    data_id.push_str(&format!("-r{}", b.replay));
+                                }
                                 let seed = stable_hash(&[&b.seed.to_le_bytes(), data_id.as_bytes()]);
                                 let seqs = rows.div_ceil(verify);
                                 let starts = pos.lengths(seqs, seed);
@@ -500,7 +515,7 @@ pub fn expand(sc: &Scenario) -> Expansion {
                                     index_topk: b.index_topk,
                                     max_model_len: b.max_model_len,
                                     sm_scale: b.sm_scale,
-                                    indptr_offset: b.indptr_offset,
+                                    indptr_offset: offset,
                                     replay: b.replay,
                                 };
                                 for &variant in &b.variants {

@@ -56,7 +56,7 @@ pub struct RawV4 {
     pub partitions: Option<usize>,
     pub workspace: Option<bool>,
     pub eager: Option<bool>,
-    pub indptr_offset: Option<usize>,
+    pub indptr_offset: Option<toml::Value>,
     pub replay: Option<usize>,
     pub sm_scale: Option<f64>,
     pub seed: Option<u64>,

@@ -16,9 +16,10 @@ pub fn mla_mt(kernel_heads: usize, s_q: usize) -> usize {
     }
 }
 
-/// Warps per CTA of `ps1_fwd` / `page64_fwd` at the default `WARPS`.
-pub fn mla_warps(mt: usize) -> usize {
-    if mt == 1 {
+/// Warps per CTA of `ps1_fwd` / `page64_fwd`: 16 for fp8 at MT=1, else 8
+/// (ABI-kmla; measured per dtype in kernels/dev/NOTES.md).
+pub fn mla_warps(fp8: bool, mt: usize) -> usize {
+    if fp8 && mt == 1 {
         16
     } else {
         8

@@ -251,8 +251,15 @@ pub fn build(p: &V4Params, seed: u64) -> Result<V4Workload> {
         .map(|s| {
             let mut sp = p.clone();
             sp.replay = 0;
-            sp.positions = p.positions.iter().map(|&x| (x + s * V4_REPLAY_GROWTH).min(p.max_model_len - 1)).collect();
-            build(&sp, crate::case::stable_hash(&[&seed.to_le_bytes(), b"replay", &s.to_le_bytes()]))
+            sp.positions = p
+                .positions
+                .iter()
+                .map(|&x| (x + s * V4_REPLAY_GROWTH).min(p.max_model_len - 1))
+                .collect();
+            build(
+                &sp,
+                crate::case::stable_hash(&[&seed.to_le_bytes(), b"replay", &s.to_le_bytes()]),
+            )
         })
         .collect::<Result<Vec<_>>>()?;
 
@@ -368,14 +375,24 @@ mod tests {
         let w = build(&p, 4).unwrap();
         assert_eq!(w.kv_indptr[0], 5);
         for &j in &w.kv_indices[..5] {
-            assert!(w.pool_vals[j as usize * V4_D].is_nan(), "junk entries point at NaN rows");
+            assert!(
+                w.pool_vals[j as usize * V4_D].is_nan(),
+                "junk entries point at NaN rows"
+            );
         }
         assert_eq!(w.row_len(1), 128 + 701 / 128);
         assert_eq!(w.steps.len(), 2);
         let s2 = &w.steps[1];
-        assert_eq!(s2.p.positions, vec![200 + 2 * V4_REPLAY_GROWTH, 700 + 2 * V4_REPLAY_GROWTH]);
+        assert_eq!(
+            s2.p.positions,
+            vec![200 + 2 * V4_REPLAY_GROWTH, 700 + 2 * V4_REPLAY_GROWTH]
+        );
         assert!(s2.row_len(1) > w.row_len(1), "lengths grow");
-        assert_eq!((s2.t, s2.heads, s2.kv_indptr[0]), (w.t, w.heads, 5), "same shapes and offset");
+        assert_eq!(
+            (s2.t, s2.heads, s2.kv_indptr[0]),
+            (w.t, w.heads, 5),
+            "same shapes and offset"
+        );
     }
 
     #[test]

@@ -486,7 +486,10 @@ fn rename(mut ts: Vec<OutTensor>, suffix: &str) -> Vec<OutTensor> {
 }
 
 /// Runs the workload and each of its replay steps (same plan, new lists).
-fn with_steps(w: &V4Workload, mut f: impl FnMut(&V4Workload, &str) -> Result<Vec<OutTensor>, BackendError>) -> Result<Vec<OutTensor>, BackendError> {
+fn with_steps(
+    w: &V4Workload,
+    mut f: impl FnMut(&V4Workload, &str) -> Result<Vec<OutTensor>, BackendError>,
+) -> Result<Vec<OutTensor>, BackendError> {
     let mut out = f(w, "")?;
     for (s, ws) in w.steps.iter().enumerate() {
         out.extend(f(ws, &format!(".step{}", s + 1))?);

@@ -129,7 +129,7 @@ impl CudaBackend {
         let mt = kernels::mla_mt(hk, w.p.s_q);
         let m = self.module(&kernels::ps1(hk, fp8, mt))?;
         let (fwd, red) = (m.kernel("ps1_fwd")?, m.kernel("ps1_reduce")?);
-        let block = 32 * kernels::mla_warps(mt) as u32;
+        let block = 32 * kernels::mla_warps(fp8, mt) as u32;
         let smem = kernels::mla_smem(fp8, mt);
         let (ws, rs, ss) = (w.p.dcp_world as i32, 0i32, w.p.interleave as i32);
         let (qs, ks, sm) = (w.q_scale, w.kv_scale, w.p.sm_scale as f32);
@@ -217,7 +217,7 @@ impl CudaBackend {
         let mt = kernels::mla_mt(hk, w.p.s_q);
         let m = self.module(&kernels::page64(hk, fp8, mt))?;
         let (fwd, mrg) = (m.kernel("page64_fwd")?, m.kernel("page64_merge")?);
-        let block = 32 * kernels::mla_warps(mt) as u32;
+        let block = 32 * kernels::mla_warps(fp8, mt) as u32;
         let smem = kernels::mla_smem(fp8, mt);
         let (qs, ks, sm) = (w.q_scale, w.kv_scale, w.p.sm_scale as f32);
         let n = w.p.total_q();
@@ -354,70 +354,108 @@ struct V4Inputs {
 }
 
 impl CudaBackend {
+    /// Buffers sized for the workload and every replay step, holding step 0.
     fn v4_inputs(&self, w: &V4Workload) -> R<V4Inputs> {
+        let all: Vec<&V4Workload> = std::iter::once(w).chain(w.steps.iter()).collect();
+        let cap = |f: &dyn Fn(&V4Workload) -> usize| all.iter().map(|x| f(x)).max().unwrap_or(0).max(1);
         let d = &self.dev;
-        Ok(V4Inputs {
-            q: d.upload(&w.q_packed)?,
-            q_rope: d.upload(&w.q_rope)?,
-            pool: d.upload(&w.pool_packed)?,
-            pool_rope: d.upload(&w.pool_rope)?,
-            kv_indptr: d.upload(&w.kv_indptr)?,
-            kv_indices: d.upload(&w.kv_indices)?,
+        let mut inp = V4Inputs {
+            q: d.alloc_zeros(cap(&|x| x.q_packed.len()))?,
+            q_rope: d.alloc_zeros(cap(&|x| x.q_rope.len()))?,
+            pool: d.alloc_zeros(cap(&|x| x.pool_packed.len()))?,
+            pool_rope: d.alloc_zeros(cap(&|x| x.pool_rope.len()))?,
+            kv_indptr: d.alloc_zeros(cap(&|x| x.kv_indptr.len()))?,
+            kv_indices: d.alloc_zeros(cap(&|x| x.kv_indices.len()))?,
             sink: d.upload(&w.sink)?,
-        })
+        };
+        self.fill_v4(&mut inp, w)?;
+        Ok(inp)
     }
 
-    fn v4_outputs(&self, w: &V4Workload, o: &DeviceBuffer<u16>, lse: &DeviceBuffer<f32>) -> R<Vec<OutTensor>> {
+    /// New contents in the same buffers: what a captured graph sees on replay.
+    fn fill_v4(&self, inp: &mut V4Inputs, w: &V4Workload) -> R<()> {
+        let d = &self.dev;
+        d.upload_into(&w.q_packed, &mut inp.q)?;
+        d.upload_into(&w.q_rope, &mut inp.q_rope)?;
+        d.upload_into(&w.pool_packed, &mut inp.pool)?;
+        d.upload_into(&w.pool_rope, &mut inp.pool_rope)?;
+        d.upload_into(&w.kv_indptr, &mut inp.kv_indptr)?;
+        d.upload_into(&w.kv_indices, &mut inp.kv_indices)
+    }
+
+    fn v4_outputs(
+        &self,
+        w: &V4Workload,
+        o: &DeviceBuffer<u16>,
+        lse: &DeviceBuffer<f32>,
+        suffix: &str,
+    ) -> R<Vec<OutTensor>> {
         let (t, hk, h) = (w.t, w.heads, w.p.heads);
         let o = bf16_out(&self.dev.download(o)?);
         let lse = self.dev.download(lse)?;
         Ok(vec![
             OutTensor {
-                name: "o".into(),
+                name: format!("o{suffix}"),
                 row_len: h * V4_D,
                 data: strip(&o, t, hk, h, V4_D),
             },
             OutTensor {
-                name: "lse".into(),
+                name: format!("lse{suffix}"),
                 row_len: h,
                 data: strip(&lse, t, hk, h, 1),
             },
         ])
     }
 
+    fn poison(&self, o: &mut DeviceBuffer<u16>, lse: &mut DeviceBuffer<f32>) -> R<()> {
+        self.dev.fill_u16(o, BF16_POISON)?;
+        self.dev.fill_u32(lse, POISON_BITS)
+    }
+
     fn poisoned_out(&self, rows: usize, hk: usize) -> R<(DeviceBuffer<u16>, DeviceBuffer<f32>)> {
         let mut o = self.dev.alloc_zeros::<u16>(rows * hk * V4_D)?;
         let mut lse = self.dev.alloc_zeros::<f32>(rows * hk)?;
-        self.dev.fill_u16(&mut o, BF16_POISON)?;
-        self.dev.fill_u32(&mut lse, POISON_BITS)?;
+        self.poison(&mut o, &mut lse)?;
         Ok((o, lse))
     }
 
-    fn run_v4_split(&mut self, w: &V4Workload, split_indptr: &[i32], n: usize, timing: &TimingOptions) -> R<RunOutput> {
+    /// v4_split + split_merge. With replay steps, the pair is captured once
+    /// into a graph and replayed over each step's new buffer contents.
+    fn run_v4_split(
+        &mut self,
+        w: &V4Workload,
+        split_indptr: &[i32],
+        n: usize,
+        eager: bool,
+        timing: &TimingOptions,
+    ) -> R<RunOutput> {
         let hk = w.heads;
         let ms = self.module(&kernels::v4_split(hk))?;
         let mm = self.module(&kernels::merge())?;
         let (ks, km) = (ms.kernel("v4_split")?, mm.kernel("split_merge")?);
-        let inp = self.v4_inputs(w)?;
+        let mut inp = self.v4_inputs(w)?;
         let plan = self.dev.upload(split_indptr)?;
         let slots = split_indptr[w.t] as usize;
         let part_o = self.dev.alloc_zeros::<f32>(slots.max(1) * hk * V4_D)?;
         let part_lse = self.dev.alloc_zeros::<f32>(slots.max(1) * hk)?;
         let (mut o, mut lse) = self.poisoned_out(w.t, hk)?;
-        let (rows, hki, sm) = (w.t as i32, hk as i32, w.p.sm_scale as f32);
-        let grid = (kernels::v4_groups(hk), w.t as u32, n as u32);
+        // An eager call covers the N real rows; a graph-sized one all T.
+        let launch_rows = if eager { w.p.rows } else { w.t };
+        let (rows, hki, sm) = (launch_rows as i32, hk as i32, w.p.sm_scale as f32);
+        let grid = (kernels::v4_groups(hk), launch_rows as u32, n as u32);
         let smem = kernels::v4_smem(hk);
         let dev = &self.dev;
+        let inp_ref = &inp;
         let split = || -> R<()> {
             // SAFETY: matches v4_split in ABI-kv4; partials hold split_indptr[T] slots.
             unsafe {
                 dev.launch(ks)
-                    .arg(&inp.q)
-                    .arg(&inp.q_rope)
-                    .arg(&inp.pool)
-                    .arg(&inp.pool_rope)
-                    .arg(&inp.kv_indptr)
-                    .arg(&inp.kv_indices)
+                    .arg(&inp_ref.q)
+                    .arg(&inp_ref.q_rope)
+                    .arg(&inp_ref.pool)
+                    .arg(&inp_ref.pool_rope)
+                    .arg(&inp_ref.kv_indptr)
+                    .arg(&inp_ref.kv_indices)
                     .arg(&plan)
                     .arg(&sm)
                     .arg(&rows)
@@ -433,18 +471,18 @@ impl CudaBackend {
                     .arg(&part_o)
                     .arg(&part_lse)
                     .arg(&plan)
-                    .arg(&inp.sink)
+                    .arg(&inp_ref.sink)
                     .arg(&rows)
                     .arg(&hki)
                     .arg(o)
                     .arg(lse)
-                    .launch(cfg(((w.t * hk) as u32, 1, 1), 128, 0))
+                    .launch(cfg((launch_rows as u32 * hk as u32, 1, 1), 128, 0))
             }
         };
         split()?;
         merge(&mut o, &mut lse)?;
         self.dev.sync()?;
-        let tensors = self.v4_outputs(w, &o, &lse)?;
+        let mut tensors = self.v4_outputs(w, &o, &lse, "")?;
         let timed = if timing.enabled {
             let k = self.time_region(timing, || Ok(()), |_| split())?;
             let v = self.time_region(timing, || Ok(()), |_| split().and_then(|_| merge(&mut o, &mut lse)))?;
@@ -452,6 +490,16 @@ impl CudaBackend {
         } else {
             None
         };
+        if !w.steps.is_empty() {
+            let graph = self.dev.capture(|| split().and_then(|_| merge(&mut o, &mut lse)))?;
+            for (s, ws) in w.steps.iter().enumerate() {
+                self.fill_v4(&mut inp, ws)?;
+                self.poison(&mut o, &mut lse)?;
+                self.dev.replay(&graph)?;
+                self.dev.sync()?;
+                tensors.extend(self.v4_outputs(ws, &o, &lse, &format!(".step{}", s + 1))?);
+            }
+        }
         Ok(RunOutput {
             tensors,
             samples: timed,
@@ -463,8 +511,8 @@ impl CudaBackend {
         let hk = w.heads;
         let m = self.module(&kernels::hca_persist(hk))?;
         let k = m.kernel("hca_persist")?;
-        let inp = self.v4_inputs(w)?;
-        // The workspace: allocated once, before any launch; counters zero at rest.
+        let mut inp = self.v4_inputs(w)?;
+        // The workspace: allocated once, before any launch or capture; counters zero at rest.
         let o_acc = self.dev.alloc_zeros::<f32>(2 * parts * hk * V4_D)?;
         let lse_acc = self.dev.alloc_zeros::<f32>(2 * parts * hk)?;
         let mut counters = self.dev.alloc_zeros::<i32>(w.t.max(1))?;
@@ -473,19 +521,20 @@ impl CudaBackend {
         let grid = (kernels::v4_groups(hk), parts as u32, 1);
         let smem = kernels::v4_smem(hk);
         let dev = &self.dev;
+        let inp_ref = &inp;
         let launch =
             |counters: &mut DeviceBuffer<i32>, o: &mut DeviceBuffer<u16>, lse: &mut DeviceBuffer<f32>| -> R<()> {
                 // SAFETY: matches hca_persist in ABI-kv4; the workspace holds 2P slots
                 // and a counter per row.
                 unsafe {
                     dev.launch(k)
-                        .arg(&inp.q)
-                        .arg(&inp.q_rope)
-                        .arg(&inp.pool)
-                        .arg(&inp.pool_rope)
-                        .arg(&inp.kv_indptr)
-                        .arg(&inp.kv_indices)
-                        .arg(&inp.sink)
+                        .arg(&inp_ref.q)
+                        .arg(&inp_ref.q_rope)
+                        .arg(&inp_ref.pool)
+                        .arg(&inp_ref.pool_rope)
+                        .arg(&inp_ref.kv_indptr)
+                        .arg(&inp_ref.kv_indices)
+                        .arg(&inp_ref.sink)
                         .arg(&sm)
                         .arg(&n_rows)
                         .arg(&pi)
@@ -497,21 +546,37 @@ impl CudaBackend {
                         .launch(cfg(grid, 256, smem))
                 }
             };
+        let at_rest = |dev: &super::CudaDevice, counters: &DeviceBuffer<i32>| -> R<()> {
+            let left = dev.download(counters)?.iter().filter(|&&c| c != 0).count();
+            if left > 0 {
+                return Err(BackendError::Failed(format!(
+                    "hca_persist left {left} row counters non-zero; the last finisher must reset them"
+                )));
+            }
+            Ok(())
+        };
         launch(&mut counters, &mut o, &mut lse)?;
         self.dev.sync()?;
-        let left = self.dev.download(&counters)?.iter().filter(|&&c| c != 0).count();
-        if left > 0 {
-            return Err(BackendError::Failed(format!(
-                "hca_persist left {left} row counters non-zero; the last finisher must reset them"
-            )));
-        }
-        let tensors = self.v4_outputs(w, &o, &lse)?;
+        at_rest(&self.dev, &counters)?;
+        let mut tensors = self.v4_outputs(w, &o, &lse, "")?;
         let timed = if timing.enabled {
             let s = self.time_region(timing, || Ok(()), |_| launch(&mut counters, &mut o, &mut lse))?;
+            at_rest(&self.dev, &counters)?;
             Some(samples(s.ms.clone(), s.ms, s.clock))
         } else {
             None
         };
+        if !w.steps.is_empty() {
+            let graph = self.dev.capture(|| launch(&mut counters, &mut o, &mut lse))?;
+            for (s, ws) in w.steps.iter().enumerate() {
+                self.fill_v4(&mut inp, ws)?;
+                self.poison(&mut o, &mut lse)?;
+                self.dev.replay(&graph)?;
+                self.dev.sync()?;
+                at_rest(&self.dev, &counters)?;
+                tensors.extend(self.v4_outputs(ws, &o, &lse, &format!(".step{}", s + 1))?);
+            }
+        }
         Ok(RunOutput {
             tensors,
             samples: timed,
@@ -593,7 +658,9 @@ impl CudaBackend {
                 self.run_page64(w, *kernel_heads, splits, req.timing)
             }
             (Workload::Mla(_), VariantPlan::DcpCombine(c)) => self.run_combine(c, req.timing),
-            (Workload::V4(w), VariantPlan::V4Split(s)) => self.run_v4_split(w, &s.split_indptr, s.n, req.timing),
+            (Workload::V4(w), VariantPlan::V4Split(s)) => {
+                self.run_v4_split(w, &s.split_indptr, s.n, req.case.v4.eager, req.timing)
+            }
             (Workload::V4(w), VariantPlan::HcaPersist { partitions, .. }) => self.run_hca(w, *partitions, req.timing),
             (Workload::V4(w), VariantPlan::SplitMerge(s)) => self.run_split_merge(w, s, req.timing),
             _ => Err(BackendError::Unsupported(
