@@ -365,6 +365,9 @@ pub fn splits(args: &crate::cli::SplitsArgs) -> Result<u8> {
         &args.cases,
         &[VariantId::V4Split, VariantId::HcaPersist],
     )?;
+    if let Some(csv) = &args.from {
+        return rescore_splits(&cases, csv);
+    }
     let (mut backend, notice) = backend::select(args.backend, &args.kernels_dir)?;
     if let Some(n) = notice {
         eprintln!("{n}");
@@ -472,4 +475,70 @@ pub fn splits(args: &crate::cli::SplitsArgs) -> Result<u8> {
         .iter()
         .any(|r| matches!(r.status, Status::Fail | Status::Error));
     Ok(if failed { exit::CHECK_FAILED } else { exit::OK })
+}
+
+/// The heuristic's pick for a V4 case, and where it came from.
+fn heuristic_pick(c: &Case) -> Option<(usize, String)> {
+    let CaseParams::V4(p) = &c.params else { return None };
+    let bound = crate::plan::v4::kv_len_bound(p.layer, p.index_topk, p.max_model_len);
+    let plan = crate::plan::v4::v4_split_plan(p.rows, p.padded_rows, p.kernel_heads(), bound, c.cus, None);
+    Some((plan.n, format!("{:?}", plan.source).to_lowercase()))
+}
+
+/// `splits --from`: today's heuristic scored on a committed run's timings.
+fn rescore_splits(cases: &[Case], csv_path: &Path) -> Result<u8> {
+    use crate::splits::{Point, Study};
+    let mut rdr = csv::Reader::from_path(csv_path)
+        .map_err(|e| InputError::Usage(format!("--from {}: {e}", csv_path.display())))?;
+    let mut studies: Vec<Study> = Vec::new();
+    for rec in rdr.deserialize::<std::collections::HashMap<String, String>>() {
+        let r = rec.map_err(|e| InputError::Usage(format!("--from {}: {e}", csv_path.display())))?;
+        let get = |k: &str| r.get(k).cloned().unwrap_or_default();
+        let num = |k: &str| get(k).parse::<f64>().unwrap_or(f64::NAN);
+        let id = get("data_id");
+        let Some(case) = cases.iter().find(|c| data_id(c) == id) else {
+            continue;
+        };
+        if !studies.iter().any(|s| s.data_id == id) {
+            let (n, src) = heuristic_pick(case).unwrap_or((1, "none".into()));
+            studies.push(Study {
+                data_id: id.clone(),
+                layer: get("layer"),
+                rows: get("rows").parse().unwrap_or(0),
+                heads: get("heads").parse().unwrap_or(0),
+                mean_len: num("mean_len"),
+                heuristic_n: n,
+                heuristic_source: src,
+                points: vec![],
+                hca: None,
+                hca_gate: None,
+            });
+        }
+        let s = studies.iter_mut().find(|s| s.data_id == id).expect("inserted above");
+        let pt = Point {
+            n: get("n").parse().unwrap_or(0),
+            median_ms: num("median_ms"),
+            p10_ms: num("p10_ms"),
+            p90_ms: num("p90_ms"),
+            pass: get("pass") == "true",
+        };
+        match get("plan").as_str() {
+            "fixed" => s.points.push(pt),
+            "hca_persist" => s.hca = Some(pt),
+            _ => {}
+        }
+    }
+    if studies.is_empty() {
+        return Err(InputError::Usage(format!(
+            "--from {}: no row matches a workload of the scenario",
+            csv_path.display()
+        ))
+        .into());
+    }
+    println!("{}", report::splits::table(&studies));
+    println!(
+        "(re-scored from {}: timings of that run, today's heuristic)",
+        csv_path.display()
+    );
+    Ok(exit::OK)
 }

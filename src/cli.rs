@@ -150,6 +150,10 @@ pub struct SplitsArgs {
     /// Time CUDA-graph replays instead of individual launches.
     #[arg(long)]
     pub graph: bool,
+    /// Re-score a measured splits.csv with the current heuristic (no GPU,
+    /// nothing is run): the regret of today's pick on that run's timings.
+    #[arg(long, value_name = "CSV")]
+    pub from: Option<PathBuf>,
     #[arg(long, default_value_t = 10)]
     pub min_samples: usize,
     #[arg(long, default_value_t = 50.0, value_name = "MS")]

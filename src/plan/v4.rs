@@ -41,34 +41,35 @@ pub fn kv_len_bound(layer: LayerType, index_topk: usize, max_model_len: usize) -
 
 /// Heads one CTA of the V4 kernel covers; more heads launch more CTAs per split.
 pub const HEADS_PER_CTA: usize = 64;
-/// A split should cover at least this many tokens of the bound; shorter
-/// splits cost more in partial traffic than they win in parallelism.
-pub const MIN_SPLIT_TOKENS: usize = 64;
-/// Per-CTA fixed cost in tokens of KV (Q load, partial write, its share of
-/// the merge). A starting guess, to be tuned on the H200 by `mlabench splits`.
-pub const CTA_OVERHEAD_TOKENS: f64 = 64.0;
+/// Fraction of the CUs a plan aims to occupy, before the sub-linear
+/// row-count correction below (fitted on the H200, see docs/perf-notes.md).
+pub const OCCUPANCY_TARGET: f64 = 0.6;
+/// How fast the wanted split count falls with the CTAs the rows already
+/// launch: `n ~ 1 / (rows * groups)^0.75`.
+pub const OCCUPANCY_EXPONENT: f64 = 0.75;
+/// Fewest bound tokens per split for 16 heads; scales with the heads a CTA
+/// covers (more heads per CTA means more work per token, so shorter splits pay).
+pub const MIN_SPLIT_TOKENS_16H: usize = 48;
+/// Beyond four splits the partial traffic and merge cost more than the
+/// extra parallelism won in every measured shape.
+pub const HEURISTIC_MAX_SPLITS: usize = 4;
 
 /// Our split count for `rows` rows whose KV is at most `kv_len_bound` long.
 ///
-/// A wave model: `rows * n * ceil(H/64)` CTAs run in `ceil(ctas / cus)`
-/// waves and each wave lasts one CTA's work, `bound/n + CTA_OVERHEAD_TOKENS`.
-/// Pick the `n` with the shortest estimated time (ties to the smaller `n`),
-/// among `n` that keep every split at `MIN_SPLIT_TOKENS` of the bound, within
-/// 1..=16. Few rows get many splits until the SMs are full; once the rows
-/// alone fill a wave, splitting only adds waves and the pick stays 1.
+/// `n = round(0.6 * cus / (rows * ceil(H/64))^0.75)`, capped so a split
+/// keeps `48 * (heads per CTA / 16)` tokens of the bound and at 4, at least
+/// 1. Fitted on `mlabench splits scenarios/dsv4-pro.toml` on the H200
+/// (results/h200/dsv4-splits): the previous wave model (bound/n + overhead
+/// per wave) trusted the static bound, which for HCA (8320) is far above the
+/// lengths most rows have, and split too little (max regret 48.9%). The
+/// bound only caps n; occupancy sets it.
 pub fn heuristic_splits(rows: usize, heads: usize, kv_len_bound: usize, cus: usize) -> usize {
-    let base = rows.max(1) * heads.max(1).div_ceil(HEADS_PER_CTA);
-    let cus = cus.max(1);
-    let n_max = (kv_len_bound / MIN_SPLIT_TOKENS).clamp(1, MAX_SPLITS);
-    let mut best = (f64::INFINITY, 1);
-    for n in 1..=n_max {
-        let waves = (base * n).div_ceil(cus) as f64;
-        let t = waves * (kv_len_bound as f64 / n as f64 + CTA_OVERHEAD_TOKENS);
-        if t < best.0 {
-            best = (t, n);
-        }
-    }
-    best.1
+    let groups = heads.max(1).div_ceil(HEADS_PER_CTA);
+    let heads_per_cta = heads.clamp(1, HEADS_PER_CTA);
+    let ctas = (rows.max(1) * groups) as f64;
+    let n_occ = (OCCUPANCY_TARGET * cus.max(1) as f64 / ctas.powf(OCCUPANCY_EXPONENT)).round() as usize;
+    let n_len = kv_len_bound * 16 / (MIN_SPLIT_TOKENS_16H * heads_per_cta);
+    n_occ.min(n_len).min(HEURISTIC_MAX_SPLITS).clamp(1, MAX_SPLITS)
 }
 
 /// The kernel's own pick when no plan is passed. Modeled on aiter's
@@ -481,22 +482,21 @@ mod tests {
 
     #[test]
     fn heuristic_by_hand() {
-        // SWA, one row: n <= 128/64 = 2; times 192 vs 128.
-        assert_eq!(heuristic_splits(1, 16, 128, 132), 2);
-        // CSA, one row: one wave whatever n, so as many splits as allowed.
-        assert_eq!(heuristic_splits(1, 16, 1152, 132), 16);
-        // HCA 1M, 32 rows x 2 head groups = 64 CTAs: n=1 8384, n=2 4224
-        // (128 CTAs, one wave), n=3 5675 (two waves), n=4 4288.
-        assert_eq!(heuristic_splits(32, 128, 8320, 132), 2);
-        // 64 rows x 2 = 128 CTAs already fill a wave: 8384 vs 8448 for n=2.
-        assert_eq!(heuristic_splits(64, 128, 8320, 132), 1);
-        // 256 rows: 2 waves at n=1 (2432) vs 4 waves at n=2 (2560).
-        assert_eq!(heuristic_splits(256, 16, 1152, 132), 1);
-        // A bound under 128 tokens allows no split.
-        assert_eq!(heuristic_splits(1, 16, 100, 132), 1);
-        // More CUs, more splits: 64 CTAs on 256 CUs, n=4 is one full wave
-        // (2144) and beats n=8's two waves (2208).
-        assert_eq!(heuristic_splits(32, 128, 8320, 256), 4);
+        // SWA at 16 heads: 16 rows want round(79.2 / 8) = 10 for occupancy,
+        // but 48-token splits of a 128 bound allow only 2.
+        assert_eq!(heuristic_splits(16, 16, 128, 132), 2);
+        // SWA at 128 heads: 128 * 16 / (48 * 64) = 0 tokens' worth: one split.
+        assert_eq!(heuristic_splits(64, 128, 128, 132), 1);
+        // 64 rows at 16 heads: round(79.2 / 22.6) = 4 (3.5 rounds up).
+        assert_eq!(heuristic_splits(64, 16, 1152, 132), 4);
+        // 64 rows x 2 head groups = 128 CTAs: round(79.2 / 38.1) = 2.
+        assert_eq!(heuristic_splits(64, 128, 8320, 132), 2);
+        // 256 rows x 2 groups: round(79.2 / 107.6) = 1.
+        assert_eq!(heuristic_splits(256, 128, 8320, 132), 1);
+        // More CUs leave room for more splits at the same rows: round(2.85).
+        assert_eq!(heuristic_splits(256, 128, 8320, 512), 3);
+        // One row of a 100-token bound: occupancy wants 79, the bound allows 100 * 16 / 48 = 2.
+        assert_eq!(heuristic_splits(1, 16, 100, 132), 2);
     }
 
     #[test]

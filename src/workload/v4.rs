@@ -256,10 +256,13 @@ pub fn build(p: &V4Params, seed: u64) -> Result<V4Workload> {
                 .iter()
                 .map(|&x| (x + s * V4_REPLAY_GROWTH).min(p.max_model_len - 1))
                 .collect();
-            build(
+            // The sink is a model weight: it stays; Q, lists and pool rows change.
+            let mut w = build(
                 &sp,
                 crate::case::stable_hash(&[&seed.to_le_bytes(), b"replay", &s.to_le_bytes()]),
-            )
+            )?;
+            w.sink = sink.clone();
+            Ok(w)
         })
         .collect::<Result<Vec<_>>>()?;
 
@@ -393,6 +396,8 @@ mod tests {
             (w.t, w.heads, 5),
             "same shapes and offset"
         );
+        assert_eq!(s2.sink, w.sink, "the sink is a weight: replays keep it");
+        assert_ne!(s2.q_packed, w.q_packed, "each step decodes a new token");
     }
 
     #[test]
