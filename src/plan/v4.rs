@@ -56,13 +56,13 @@ pub const HEURISTIC_MAX_SPLITS: usize = 4;
 
 /// Our split count for `rows` rows whose KV is at most `kv_len_bound` long.
 ///
-/// `n = round(0.6 * cus / (rows * ceil(H/64))^0.75)`, capped so a split
-/// keeps `48 * (heads per CTA / 16)` tokens of the bound and at 4, at least
-/// 1. Fitted on `mlabench splits scenarios/dsv4-pro.toml` on the H200
-/// (results/h200/dsv4-splits): the previous wave model (bound/n + overhead
-/// per wave) trusted the static bound, which for HCA (8320) is far above the
-/// lengths most rows have, and split too little (max regret 48.9%). The
-/// bound only caps n; occupancy sets it.
+/// `n = round(0.6 * cus / (rows * ceil(H/64))^0.75)`, capped at 4 and so
+/// that a split keeps `48 * (heads per CTA / 16)` tokens of the bound; at
+/// least one. Fitted on `mlabench splits scenarios/dsv4-pro.toml` on the
+/// H200 (results/h200/dsv4-splits). The previous wave model trusted the
+/// static bound, which for HCA (8320) is far above the lengths most rows
+/// have, and split too little (max regret 48.9%). The bound only caps n;
+/// occupancy sets it.
 pub fn heuristic_splits(rows: usize, heads: usize, kv_len_bound: usize, cus: usize) -> usize {
     let groups = heads.max(1).div_ceil(HEADS_PER_CTA);
     let heads_per_cta = heads.clamp(1, HEADS_PER_CTA);
