@@ -282,15 +282,7 @@ fn describe_data(case: &Case) {
                     println!("  rank {r} (S={}) local lengths {:?}", p.interleave, l);
                 }
             }
-            let g = crate::plan::gate::GateInput {
-                profile: case.target,
-                w: p.dcp_world,
-                s_q: p.s_q,
-                heads: p.heads(),
-                dtype: p.dtype,
-                page_size: p.page_size,
-            };
-            let (pick, _) = crate::plan::gate::mla_pick(&g);
+            let (pick, _) = crate::plan::gate::mla_pick(&variants::gate_input(case, p));
             println!(
                 "  dispatch on {}: {}",
                 case.target,

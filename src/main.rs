@@ -18,6 +18,13 @@ fn run() -> anyhow::Result<u8> {
 }
 
 fn main() -> ExitCode {
+    // `mlabench plan ... | head` should end quietly, not panic on a closed pipe.
+    #[cfg(unix)]
+    // SAFETY: restores the default SIGPIPE action before any other thread
+    // exists; no Rust code relies on SIGPIPE being ignored.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     match run() {
         Ok(code) => ExitCode::from(code),
         Err(e) => {

@@ -206,3 +206,60 @@ fn malformed_scenarios_exit_2_and_name_the_key() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no/such/file.toml"));
 }
+
+#[test]
+fn splits_rescores_the_committed_h200_timings_with_todays_heuristic() {
+    let o = bin()
+        .args([
+            "splits",
+            "scenarios/dsv4-pro.toml",
+            "--from",
+            "results/h200/dsv4-splits/splits.csv",
+        ])
+        .assert()
+        .code(0)
+        .get_output()
+        .stdout
+        .clone();
+    let s = String::from_utf8_lossy(&o);
+    // The claim in README.md and docs/perf-notes.md, from the measured table.
+    assert!(
+        s.contains("heuristic regret: max 21.6%, mean 6.0% over 26 workloads"),
+        "{s}"
+    );
+}
+
+#[test]
+fn splits_on_the_cpu_writes_a_study_per_workload() {
+    let out = tempfile::tempdir().unwrap();
+    bin()
+        .args([
+            "splits",
+            "scenarios/smoke.toml",
+            "--backend",
+            "cpu",
+            "--case",
+            "v4-hca-n16-t18-h128-pu0-3000-v1",
+            "--min-samples",
+            "1",
+            "--min-time-ms",
+            "0",
+            "--run-id",
+            "s",
+            "--out",
+        ])
+        .arg(out.path())
+        .assert()
+        .code(0);
+    let dir = out.path().join("s");
+    let csv = std::fs::read_to_string(dir.join("splits.csv")).unwrap();
+    // Header, n = 1..=16, the heuristic's pick and hca_persist.
+    assert_eq!(csv.lines().count(), 1 + 16 + 2, "{csv}");
+    assert!(csv.lines().any(|l| l.contains(",hca_persist,")));
+    assert!(std::fs::read_to_string(dir.join("splits.svg"))
+        .unwrap()
+        .starts_with("<svg"));
+    let rows = json_rows(out.path());
+    assert_eq!(rows.len(), 17, "16 fixed plans and hca_persist, each checked");
+    assert!(rows.iter().all(|r| r["status"] == "pass"));
+}

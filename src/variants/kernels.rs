@@ -7,7 +7,7 @@ use crate::backend::cuda::KernelSpec;
 /// cp.async ring depth the MLA kernels are built with (ABI default).
 pub const MLA_STAGES: usize = 4;
 
-/// 16-row m-tiles per pass: 1 for the 16-row decode hot path, else 2 (ABI).
+/// 16-row m-tiles per pass: 1 for the 16-row decode hot path, else 2 (kernels/ABI.md).
 pub fn mla_mt(kernel_heads: usize, s_q: usize) -> usize {
     if kernel_heads * s_q == 16 {
         1
@@ -17,7 +17,7 @@ pub fn mla_mt(kernel_heads: usize, s_q: usize) -> usize {
 }
 
 /// Warps per CTA of `ps1_fwd` / `page64_fwd`: 16 for fp8 at MT=1, else 8
-/// (ABI-kmla; measured per dtype in kernels/dev/NOTES.md).
+/// (kernels/ABI.md; measured per dtype in kernels/dev/NOTES.md).
 pub fn mla_warps(fp8: bool, mt: usize) -> usize {
     if fp8 && mt == 1 {
         16
@@ -26,7 +26,7 @@ pub fn mla_warps(fp8: bool, mt: usize) -> usize {
     }
 }
 
-/// Dynamic shared memory of `ps1_fwd` / `page64_fwd` (ABI-kmla formula).
+/// Dynamic shared memory of `ps1_fwd` / `page64_fwd` (kernels/ABI.md formula).
 pub fn mla_smem(fp8: bool, mt: usize) -> u32 {
     let (eb, bn) = if fp8 { (1, 64) } else { (2, 32) };
     let rows = 16 * mt;
@@ -60,12 +60,12 @@ pub fn hca_persist(hk: usize) -> KernelSpec {
     KernelSpec::new("hca_persist.cu", &["hca_persist"]).define("V4_HEADS", hk)
 }
 
-/// Heads each V4 CTA handles, and the CTAs per row (ABI-kv4).
+/// Heads each V4 CTA handles, and the CTAs per row (kernels/ABI.md).
 pub fn v4_groups(hk: usize) -> u32 {
     (hk / hk.min(64)) as u32
 }
 
-/// Dynamic shared memory of the V4 kernels (ABI-kv4 formula).
+/// Dynamic shared memory of the V4 kernels (kernels/ABI.md formula).
 pub fn v4_smem(hk: usize) -> u32 {
     let hg = hk.min(64);
     let nsl = 8 / (hg / hg.min(32));

@@ -59,7 +59,8 @@ pub struct Decision {
     pub fallback: Option<String>,
 }
 
-fn gate_input(case: &Case, p: &MlaParams) -> GateInput {
+/// The dispatch gate's view of an MLA case.
+pub fn gate_input(case: &Case, p: &MlaParams) -> GateInput {
     GateInput {
         profile: case.target,
         w: p.dcp_world,

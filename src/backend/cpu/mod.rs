@@ -426,18 +426,20 @@ fn v4_tensors(w: &V4Workload, o: Vec<f32>, lse: Vec<f32>) -> Vec<OutTensor> {
     ]
 }
 
-fn run_v4_split(w: &V4Workload, n: usize, rows: &[usize]) -> Vec<OutTensor> {
+/// Rows of a V4 run: each row's pieces (list ranges) merged with the sink;
+/// rows not in `rows` stay poisoned, as a kernel leaves rows it skips.
+fn run_v4_rows(
+    w: &V4Workload,
+    rows: &[usize],
+    pieces_of: impl Fn(usize) -> Vec<(usize, usize)> + Sync,
+) -> Vec<OutTensor> {
     let hk = w.heads;
     let mut o = poison(w.t * hk * V4_D);
     let mut lse = poison(w.t * hk);
     let done: Vec<(usize, Vec<f32>, Vec<f32>)> = rows
         .par_iter()
         .map(|&i| {
-            let len = w.row_len(i);
-            let pieces: Vec<_> = split_ranges(len, n)
-                .into_iter()
-                .map(|(a, b)| v4_piece(w, i, a, b))
-                .collect();
+            let pieces: Vec<_> = pieces_of(i).into_iter().map(|(a, b)| v4_piece(w, i, a, b)).collect();
             let (mut ro, mut rl) = (vec![0f32; hk * V4_D], vec![0f32; hk]);
             v4_finish(w, &pieces, &mut ro, &mut rl);
             (i, ro, rl)
@@ -450,31 +452,21 @@ fn run_v4_split(w: &V4Workload, n: usize, rows: &[usize]) -> Vec<OutTensor> {
     v4_tensors(w, o, lse)
 }
 
+fn run_v4_split(w: &V4Workload, n: usize, rows: &[usize]) -> Vec<OutTensor> {
+    run_v4_rows(w, rows, |i| split_ranges(w.row_len(i), n))
+}
+
 fn run_hca(w: &V4Workload, plan: &crate::plan::v4::HcaPlan, rows: &[usize]) -> Vec<OutTensor> {
-    let hk = w.heads;
-    let mut o = poison(w.t * hk * V4_D);
-    let mut lse = poison(w.t * hk);
-    let done: Vec<(usize, Vec<f32>, Vec<f32>)> = rows
-        .par_iter()
-        .filter(|&&i| w.row_len(i) > 0)
-        .map(|&i| {
-            // Each partition's piece of this row; the last finisher merges them.
-            let pieces: Vec<_> = plan
-                .pieces
-                .iter()
-                .filter(|pc| pc.row == i)
-                .map(|pc| v4_piece(w, i, pc.start, pc.end))
-                .collect();
-            let (mut ro, mut rl) = (vec![0f32; hk * V4_D], vec![0f32; hk]);
-            v4_finish(w, &pieces, &mut ro, &mut rl);
-            (i, ro, rl)
-        })
-        .collect();
-    for (i, ro, rl) in done {
-        o[i * hk * V4_D..(i + 1) * hk * V4_D].copy_from_slice(&ro);
-        lse[i * hk..(i + 1) * hk].copy_from_slice(&rl);
-    }
-    v4_tensors(w, o, lse)
+    // Rows of length 0 are left unwritten; every other row merges one piece
+    // per partition it touches, as the last finisher does.
+    let live: Vec<usize> = rows.iter().copied().filter(|&i| w.row_len(i) > 0).collect();
+    run_v4_rows(w, &live, |i| {
+        plan.pieces
+            .iter()
+            .filter(|pc| pc.row == i)
+            .map(|pc| (pc.start, pc.end))
+            .collect()
+    })
 }
 
 /// Appends `suffix` to tensor names (`o` -> `o.step1`).

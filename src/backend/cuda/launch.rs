@@ -150,7 +150,7 @@ impl CudaBackend {
             let n_red = wl.reduce.len() as u32;
             let dev = &self.dev;
             let fwd_launch = |b: &mut MlaRank| -> R<()> {
-                // SAFETY: argument list matches ps1_fwd in ABI-kmla; every buffer
+                // SAFETY: argument list matches ps1_fwd in kernels/ABI.md; every buffer
                 // is sized from the workload and work list the kernel indexes.
                 unsafe {
                     dev.launch(fwd)
@@ -179,7 +179,7 @@ impl CudaBackend {
                 if n_red == 0 {
                     return Ok(());
                 }
-                // SAFETY: matches ps1_reduce in ABI-kmla; reduce items index partial
+                // SAFETY: matches ps1_reduce in kernels/ABI.md; reduce items index partial
                 // rows below num_partial_rows and final rows below total_q.
                 unsafe {
                     dev.launch(red)
@@ -232,7 +232,7 @@ impl CudaBackend {
             let dev = &self.dev;
             let grid = ((hk / 16) as u32, ns as u32, w.p.batch as u32);
             let fwd_launch = |b: &mut MlaRank| -> R<()> {
-                // SAFETY: matches page64_fwd in ABI-kmla; the pool, page table and
+                // SAFETY: matches page64_fwd in kernels/ABI.md; the pool, page table and
                 // partials are sized from this rank's shard and split count.
                 unsafe {
                     dev.launch(fwd)
@@ -257,7 +257,7 @@ impl CudaBackend {
                 if ns == 1 {
                     return Ok(());
                 }
-                // SAFETY: matches page64_merge in ABI-kmla: [total_q, n, HK] partials.
+                // SAFETY: matches page64_merge in kernels/ABI.md: [total_q, n, HK] partials.
                 unsafe {
                     dev.launch(mrg)
                         .arg(&part_o)
@@ -302,7 +302,7 @@ impl CudaBackend {
         let (wi, ri, hi) = (c.world as i32, rows as i32, h as i32);
         let dev = &self.dev;
         let mut launch = || -> R<()> {
-            // SAFETY: matches dcp_combine in ABI-kmla: [W, rows, H, 512] in, [rows, H, 512] out.
+            // SAFETY: matches dcp_combine in kernels/ABI.md: [W, rows, H, 512] in, [rows, H, 512] out.
             unsafe {
                 dev.launch(k)
                     .arg(&o_r)
@@ -447,7 +447,7 @@ impl CudaBackend {
         let dev = &self.dev;
         let inp_ref = &inp;
         let split = || -> R<()> {
-            // SAFETY: matches v4_split in ABI-kv4; partials hold split_indptr[T] slots.
+            // SAFETY: matches v4_split in kernels/ABI.md; partials hold split_indptr[T] slots.
             unsafe {
                 dev.launch(ks)
                     .arg(&inp_ref.q)
@@ -465,7 +465,7 @@ impl CudaBackend {
             }
         };
         let merge = |o: &mut DeviceBuffer<u16>, lse: &mut DeviceBuffer<f32>| -> R<()> {
-            // SAFETY: matches split_merge in ABI-kmla: slots from the same split CSR.
+            // SAFETY: matches split_merge in kernels/ABI.md: slots from the same split CSR.
             unsafe {
                 dev.launch(km)
                     .arg(&part_o)
@@ -524,7 +524,7 @@ impl CudaBackend {
         let inp_ref = &inp;
         let launch =
             |counters: &mut DeviceBuffer<i32>, o: &mut DeviceBuffer<u16>, lse: &mut DeviceBuffer<f32>| -> R<()> {
-                // SAFETY: matches hca_persist in ABI-kv4; the workspace holds 2P slots
+                // SAFETY: matches hca_persist in kernels/ABI.md; the workspace holds 2P slots
                 // and a counter per row.
                 unsafe {
                     dev.launch(k)
@@ -599,7 +599,7 @@ impl CudaBackend {
         let (ri, hi) = (rows as i32, h as i32);
         let dev = &self.dev;
         let mut launch = || -> R<()> {
-            // SAFETY: matches split_merge in ABI-kmla: rows*n slots of [H, 512].
+            // SAFETY: matches split_merge in kernels/ABI.md: rows*n slots of [H, 512].
             unsafe {
                 dev.launch(k)
                     .arg(&po)

@@ -1,1 +1,4 @@
-//! Built without the `hip` feature: HIP is not available in this build.
+//! Built without the `hip` feature.
+
+/// Why no HIP device can be used by this build.
+pub const UNAVAILABLE: &str = "built without the `hip` feature; no HIP backend exists yet";
