@@ -6,11 +6,11 @@
 use ::csv::WriterBuilder;
 
 use super::format::exact;
-use super::{clock, latency, lse_error, status_word, worst_output};
+use super::{clock, latency, lse_error, quant_noise, status_word, worst_output};
 use crate::result::Row;
 
 /// The columns, in order.
-pub const HEADER: [&str; 32] = [
+pub const HEADER: [&str; 33] = [
     "case_id",
     "variant",
     "backend",
@@ -28,6 +28,7 @@ pub const HEADER: [&str; 32] = [
     "rel_l2",
     "mismatch",
     "lse_max_abs",
+    "quant_cos_diff",
     "kernel_median_ms",
     "kernel_p10_ms",
     "kernel_p90_ms",
@@ -93,6 +94,7 @@ fn record(r: &Row) -> Vec<String> {
         num(m.map(|m| m.rel_l2)),
         num(m.map(|m| m.mismatch)),
         num(lse_error(r)),
+        num(quant_noise(r)),
         num(k.map(|s| s.median)),
         num(k.map(|s| s.p10)),
         num(k.map(|s| s.p90)),
@@ -142,7 +144,12 @@ mod tests {
         let (header, lines) = parse(&render(&rows).unwrap());
         assert_eq!(header, HEADER);
         assert_eq!(lines.len(), 2);
-        assert!(lines.iter().all(|l| l.len() == 32));
+        assert!(lines.iter().all(|l| l.len() == HEADER.len()));
+        assert_eq!(
+            lines[0][col("quant_cos_diff")],
+            "",
+            "no quant check in this row: not measured"
+        );
         // Quoting kept the comma and quotes inside the id.
         assert_eq!(lines[0][col("case_id")], "mla-b4-sq2-dcp8,odd \"id\"");
         assert_eq!(lines[0][col("params")], "batch=4;s_q=2");

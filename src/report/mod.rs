@@ -122,6 +122,15 @@ pub fn lse_error(row: &Row) -> Option<f64> {
         .reduce(|a, b| if a.is_nan() || b.is_nan() { f64::NAN } else { a.max(b) })
 }
 
+/// fp8 quantization noise: the reference on dequantized inputs against the
+/// reference on unquantized ones (`cos_diff`); informative, never decides.
+pub fn quant_noise(row: &Row) -> Option<f64> {
+    row.checks
+        .iter()
+        .find(|c| c.level == "quant")
+        .map(|c| c.metrics.cos_diff)
+}
+
 /// The timed region `kernel` or `variant`, when it was timed.
 pub fn latency<'a>(row: &'a Row, region: &str) -> Option<&'a Latency> {
     row.latency.iter().find(|l| l.region == region)

@@ -6,7 +6,7 @@ use comfy_table::presets::UTF8_FULL_CONDENSED;
 use comfy_table::{Attribute, Cell, CellAlignment, Color, ColumnConstraint, ContentArrangement, Table, Width};
 
 use super::format::{clip, duration_ms, duration_range_ms, percent, sci, sig3};
-use super::{clock, has_cpu_timings, latency, lse_error, worst_output, Counts, CPU_TIMINGS};
+use super::{clock, has_cpu_timings, latency, lse_error, quant_noise, worst_output, Counts, CPU_TIMINGS};
 use crate::result::{Row, Status};
 
 /// The gate/plan column wraps between these widths; everything else keeps
@@ -135,6 +135,7 @@ fn errors(rows: &[Row], look: Look) -> Table {
             "max_abs",
             "mismatch",
             "lse err",
+            "fp8 noise",
             "rows",
         ],
     );
@@ -156,6 +157,7 @@ fn errors(rows: &[Row], look: Look) -> Table {
             opt(m.map(|m| m.max_abs), sci),
             opt(m.map(|m| m.mismatch), sci),
             opt(lse_error(r), sci),
+            opt(quant_noise(r), sci),
             num(checked),
         ]);
     }
