@@ -10,6 +10,7 @@ use std::time::Instant;
 use super::{Backend, BackendError, DeviceInfo, OutTensor, RunOutput, RunRequest, Samples};
 use crate::case::{MLA_D_QK, MLA_D_V, V4_D, V4_D_NOPE, V4_D_ROPE};
 use crate::metrics::POISON_BITS;
+use crate::plan::heads::PaddedHeads;
 use crate::plan::split::page64_split_ranges;
 use crate::plan::v4::split_ranges;
 use crate::variants::{CombineInputs, SplitMergeInputs, VariantPlan};
@@ -277,28 +278,19 @@ fn run_page64(w: &MlaWorkload, splits: &[usize], hk: usize, rows: &[usize]) -> V
         .collect()
 }
 
-/// Strips pad heads: `[rows, hk, d]` -> `[rows, h, d]`.
-fn strip(x: &[f32], rows: usize, hk: usize, h: usize, d: usize) -> Vec<f32> {
-    let mut out = Vec::with_capacity(rows * h * d);
-    for i in 0..rows {
-        out.extend_from_slice(&x[i * hk * d..(i * hk + h) * d]);
-    }
-    out
-}
-
 fn mla_tensors(w: &MlaWorkload, outs: Vec<RankOut>, hk: usize) -> Vec<OutTensor> {
-    let (n, h) = (w.p.total_q(), w.heads());
+    let h = w.heads();
     let mut t = Vec::new();
     for (r, ro) in outs.into_iter().enumerate() {
         t.push(OutTensor {
             name: format!("o.r{r}"),
             row_len: h * MLA_D_V,
-            data: strip(&ro.o, n, hk, h, MLA_D_V),
+            data: PaddedHeads { real: h, kernel: hk }.strip(&ro.o, MLA_D_V),
         });
         t.push(OutTensor {
             name: format!("lse.r{r}"),
             row_len: h,
-            data: strip(&ro.lse, n, hk, h, 1),
+            data: PaddedHeads { real: h, kernel: hk }.strip(&ro.lse, 1),
         });
     }
     t
@@ -416,12 +408,20 @@ fn v4_tensors(w: &V4Workload, o: Vec<f32>, lse: Vec<f32>) -> Vec<OutTensor> {
         OutTensor {
             name: "o".into(),
             row_len: h * V4_D,
-            data: strip(&o, w.t, w.heads, h, V4_D),
+            data: PaddedHeads {
+                real: h,
+                kernel: w.heads,
+            }
+            .strip(&o, V4_D),
         },
         OutTensor {
             name: "lse".into(),
             row_len: h,
-            data: strip(&lse, w.t, w.heads, h, 1),
+            data: PaddedHeads {
+                real: h,
+                kernel: w.heads,
+            }
+            .strip(&lse, 1),
         },
     ]
 }

@@ -7,6 +7,7 @@ use super::{CudaBackend, DeviceBuffer};
 use crate::backend::{BackendError, OutTensor, RunOutput, RunRequest, Samples, TimingOptions};
 use crate::case::{Dtype, MLA_D_QK, MLA_D_V, V4_D};
 use crate::metrics::POISON_BITS;
+use crate::plan::heads::PaddedHeads;
 use crate::plan::worklist::WorkList;
 use crate::variants::{kernels, CombineInputs, SplitMergeInputs, VariantPlan};
 use crate::workload::codec::bf16_from_bits;
@@ -35,31 +36,6 @@ fn bf16_out(bits: &[u16]) -> Vec<f32> {
             }
         })
         .collect()
-}
-
-/// `[rows, hk, d]` -> `[rows, h, d]`.
-fn strip(x: &[f32], rows: usize, hk: usize, h: usize, d: usize) -> Vec<f32> {
-    if hk == h {
-        return x.to_vec();
-    }
-    let mut out = Vec::with_capacity(rows * h * d);
-    for i in 0..rows {
-        out.extend_from_slice(&x[i * hk * d..(i * hk + h) * d]);
-    }
-    out
-}
-
-/// Q bytes padded from `h` to `hk` heads with zeros.
-fn pad_heads(bytes: &[u8], rows: usize, h: usize, hk: usize, row_bytes: usize) -> Vec<u8> {
-    if h == hk {
-        return bytes.to_vec();
-    }
-    let mut out = vec![0u8; rows * hk * row_bytes];
-    for i in 0..rows {
-        out[i * hk * row_bytes..(i * hk + h) * row_bytes]
-            .copy_from_slice(&bytes[i * h * row_bytes..(i + 1) * h * row_bytes]);
-    }
-    out
 }
 
 /// Samples of a kernel-only region and a whole-variant region.
@@ -95,7 +71,13 @@ impl CudaBackend {
         dev.fill_u16(&mut o, BF16_POISON)?;
         dev.fill_u32(&mut lse, POISON_BITS)?;
         Ok(MlaRank {
-            q: dev.upload(&pad_heads(w.q.as_bytes(), n, w.heads(), hk, MLA_D_QK * eb))?,
+            q: dev.upload(
+                &PaddedHeads {
+                    real: w.heads(),
+                    kernel: hk,
+                }
+                .pad(w.q.as_bytes(), MLA_D_QK * eb, 0u8),
+            )?,
             kv: dev.upload(sh.pool.as_bytes())?,
             kv_indptr: dev.upload(&sh.kv_indptr)?,
             kv_indices: dev.upload(&sh.kv_indices)?,
@@ -108,18 +90,18 @@ impl CudaBackend {
     }
 
     fn mla_outputs(&self, w: &MlaWorkload, r: usize, hk: usize, b: &MlaRank, out: &mut Vec<OutTensor>) -> R<()> {
-        let (n, h) = (w.p.total_q(), w.heads());
+        let h = w.heads();
         let o = bf16_out(&self.dev.download(&b.o)?);
         let lse = self.dev.download(&b.lse)?;
         out.push(OutTensor {
             name: format!("o.r{r}"),
             row_len: h * MLA_D_V,
-            data: strip(&o, n, hk, h, MLA_D_V),
+            data: PaddedHeads { real: h, kernel: hk }.strip(&o, MLA_D_V),
         });
         out.push(OutTensor {
             name: format!("lse.r{r}"),
             row_len: h,
-            data: strip(&lse, n, hk, h, 1),
+            data: PaddedHeads { real: h, kernel: hk }.strip(&lse, 1),
         });
         Ok(())
     }
@@ -390,19 +372,19 @@ impl CudaBackend {
         lse: &DeviceBuffer<f32>,
         suffix: &str,
     ) -> R<Vec<OutTensor>> {
-        let (t, hk, h) = (w.t, w.heads, w.p.heads);
+        let (hk, h) = (w.heads, w.p.heads);
         let o = bf16_out(&self.dev.download(o)?);
         let lse = self.dev.download(lse)?;
         Ok(vec![
             OutTensor {
                 name: format!("o{suffix}"),
                 row_len: h * V4_D,
-                data: strip(&o, t, hk, h, V4_D),
+                data: PaddedHeads { real: h, kernel: hk }.strip(&o, V4_D),
             },
             OutTensor {
                 name: format!("lse{suffix}"),
                 row_len: h,
-                data: strip(&lse, t, hk, h, 1),
+                data: PaddedHeads { real: h, kernel: hk }.strip(&lse, 1),
             },
         ])
     }
