@@ -113,9 +113,20 @@ fn build_refs(case: &Case, wl: &Workload, check_rows: Option<usize>) -> Result<R
 impl Caches {
     /// The case's workload and references, built once per id / data id.
     pub fn get(&mut self, case: &Case, check_rows: Option<usize>) -> Result<(&Workload, &RefSet)> {
-        if self.workload.as_ref().map(|(id, _)| id != &case.id).unwrap_or(true) {
-            self.workload = None;
-            self.workload = Some((case.id.clone(), workload::build(case)?));
+        let same_data = self.refs.as_ref().map(|r| r.data_id == data_id(case)).unwrap_or(false);
+        match (&mut self.workload, &case.params) {
+            (Some((id, _)), _) if *id == case.id => {}
+            // Same data at another page size: re-page, keep Q, KV and references.
+            (Some((id, Workload::Mla(w))), CaseParams::Mla(p)) if same_data => {
+                w.repage(p.page_size, case.seed);
+                *id = case.id.clone();
+            }
+            // Same V4 data under other knobs (split count, eager, workspace).
+            (Some((id, Workload::V4(_))), CaseParams::V4(_)) if same_data => *id = case.id.clone(),
+            _ => {
+                self.workload = None;
+                self.workload = Some((case.id.clone(), workload::build(case)?));
+            }
         }
         let wl = &self.workload.as_ref().expect("just built").1;
         if self.refs.as_ref().map(|r| r.data_id != data_id(case)).unwrap_or(true) {

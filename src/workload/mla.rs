@@ -21,7 +21,9 @@ pub struct MlaWorkload {
     pub q_src: Option<Vec<f32>>,
     pub q_scale: f32,
     pub kv_scale: f32,
-    /// Every sequence's global tokens `[sum L, 576]`, decoded (scale not applied).
+    /// Every sequence's global tokens `[sum L, 576]` as stored (bf16 or fp8).
+    pub kv: Elems,
+    /// The same, decoded (scale not applied).
     pub kv_vals: Vec<f32>,
     /// fp8 only: unquantized KV (true values).
     pub kv_src: Option<Vec<f32>>,
@@ -47,6 +49,16 @@ pub struct MlaShard {
 impl MlaWorkload {
     pub fn heads(&self) -> usize {
         self.p.heads()
+    }
+
+    /// The same data paged at another page size: only the pools and page
+    /// tables change, so variants of one data id (ps1 at 1, page64 at 64)
+    /// share the expensive part. Equal to a fresh build at that page size.
+    pub fn repage(&mut self, page_size: usize, seed: u64) {
+        self.p.page_size = page_size;
+        self.shards = (0..self.p.dcp_world)
+            .map(|r| build_shard(&self.p, r, &self.kv, &self.g_kv_indptr, seed))
+            .collect();
     }
     /// Decoded row of global token `t` of sequence `b`.
     pub fn kv_row(&self, b: usize, t: usize) -> &[f32] {
@@ -144,6 +156,7 @@ pub fn build(p: &MlaParams, seed: u64) -> Result<MlaWorkload> {
         q_src: q.src,
         q_scale: q.scale,
         kv_scale: kv.scale,
+        kv: kv.elems,
         kv_vals: kv.vals,
         kv_src: kv.src,
         g_kv_indptr,
@@ -269,6 +282,24 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn repaging_equals_a_fresh_build_at_that_page_size() {
+        let p1 = params(Dtype::Fp8, 1, 4, 2);
+        let mut p64 = p1.clone();
+        p64.page_size = 64;
+        let mut w = build(&p1, 9).unwrap();
+        w.repage(64, 9);
+        let fresh = build(&p64, 9).unwrap();
+        for (a, b) in w.shards.iter().zip(&fresh.shards) {
+            assert_eq!(a.pool.as_bytes(), b.pool.as_bytes());
+            assert_eq!(
+                (&a.kv_indptr, &a.kv_indices, &a.kv_last_page_len),
+                (&b.kv_indptr, &b.kv_indices, &b.kv_last_page_len)
+            );
+        }
+        assert_eq!(w.p.page_size, 64);
     }
 
     #[test]
