@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use crate::backend::{self, Backend, TimingOptions};
 use crate::case::{Case, CaseParams};
-use crate::cli::{BackendChoice, KernelsArgs, ListArgs, PlanArgs, RunArgs};
+use crate::cli::{KernelsArgs, ListArgs, PlanArgs, RunArgs};
 use crate::error::{exit, InputError};
 use crate::report::{self, progress::Progress, RunDir, RunMeta};
 use crate::result::Status;
@@ -72,6 +72,46 @@ fn default_scenarios(v: &[PathBuf]) -> Vec<PathBuf> {
     }
 }
 
+/// How `run` and `splits` check and time, and the flags every repro repeats.
+fn run_options(e: &crate::cli::Execution, backend: &dyn Backend, timed: bool, cold_l2: bool) -> RunOptions {
+    let timing = TimingOptions {
+        enabled: timed,
+        warmup: e.warmup,
+        min_samples: e.min_samples.max(1),
+        min_time_ms: e.min_time_ms,
+        cold_l2,
+        graph: e.graph,
+    };
+    let mut repro_flags = format!(" --backend {}", backend.info().backend);
+    if let Some(n) = e.check_rows {
+        repro_flags.push_str(&format!(" --check-rows {n}"));
+    }
+    RunOptions {
+        check_rows: e.check_rows,
+        timing,
+        dump: None,
+        repro_flags,
+    }
+}
+
+/// What a run was, for its directory (`prefix` + UTC stamp when unnamed).
+fn run_meta(e: &crate::cli::Execution, backend: &dyn Backend, scenarios: &[PathBuf], prefix: &str) -> RunMeta {
+    RunMeta {
+        run_id: e
+            .run_id
+            .clone()
+            .unwrap_or_else(|| format!("{prefix}{}", chrono::Utc::now().format("%Y%m%d-%H%M%S"))),
+        started: chrono::Utc::now().to_rfc3339(),
+        mlabench_version: env!("CARGO_PKG_VERSION").to_string(),
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        scenarios: scenarios.iter().map(|p| p.display().to_string()).collect(),
+        backend: backend.info().backend.clone(),
+        device: backend.info().clone(),
+        check_rows: e.check_rows,
+        reference_gflops: None,
+    }
+}
+
 pub fn run(args: &RunArgs) -> Result<u8> {
     let paths = default_scenarios(&args.scenarios);
     let (mut cases, notes) = resolve_cases(&paths, &args.cases, &parse_variants(&args.variants)?)?;
@@ -79,7 +119,8 @@ pub fn run(args: &RunArgs) -> Result<u8> {
     for c in cases.iter_mut().filter(|c| forced.contains(&c.variant)) {
         c.force = true;
     }
-    let (mut backend, notice) = backend::select(args.backend, &args.kernels_dir)?;
+    let e = &args.exec;
+    let (mut backend, notice) = backend::select(e.backend, &e.kernels_dir)?;
     let progress = Progress::new(cases.len() as u64, args.quiet);
     if let Some(n) = notice {
         progress.println(&n);
@@ -87,45 +128,14 @@ pub fn run(args: &RunArgs) -> Result<u8> {
     for n in &notes {
         progress.println(&format!("note: {n}"));
     }
-    let timing = TimingOptions {
-        enabled: !args.no_timing,
-        warmup: args.warmup,
-        min_samples: args.min_samples.max(1),
-        min_time_ms: args.min_time_ms,
-        cold_l2: !args.warm_l2,
-        graph: args.graph,
-    };
-    let bname = backend.info().backend.clone();
-    let mut repro_flags = format!(" --backend {bname}");
-    if let Some(n) = args.check_rows {
-        repro_flags.push_str(&format!(" --check-rows {n}"));
-    }
+    let mut opts = run_options(e, backend.as_ref(), !args.no_timing, !args.warm_l2);
+    opts.dump = args.dump.clone();
     for f in &args.force {
-        repro_flags.push_str(&format!(" --force {f}"));
+        opts.repro_flags.push_str(&format!(" --force {f}"));
     }
-    let opts = RunOptions {
-        check_rows: args.check_rows,
-        timing,
-        dump: args.dump.clone(),
-        repro_flags,
-    };
-    let run_id = args
-        .run_id
-        .clone()
-        .unwrap_or_else(|| chrono::Utc::now().format("%Y%m%d-%H%M%S").to_string());
-    let meta = RunMeta {
-        run_id,
-        started: chrono::Utc::now().to_rfc3339(),
-        mlabench_version: env!("CARGO_PKG_VERSION").to_string(),
-        command: std::env::args().collect::<Vec<_>>().join(" "),
-        scenarios: paths.iter().map(|p| p.display().to_string()).collect(),
-        backend: bname,
-        device: backend.info().clone(),
-        check_rows: args.check_rows,
-        reference_gflops: None,
-    };
-    let mut dir = RunDir::create(&args.out, meta)
-        .with_context(|| format!("creating the run directory under {}", args.out.display()))?;
+    let meta = run_meta(e, backend.as_ref(), &paths, "");
+    let mut dir = RunDir::create(&e.out, meta)
+        .with_context(|| format!("creating the run directory under {}", e.out.display()))?;
     let mut caches = Caches::default();
     let mut lost: Option<String> = None;
     for case in &cases {
@@ -343,11 +353,6 @@ pub fn device(args: &crate::cli::DeviceArgs) -> Result<u8> {
     backend::device_report(&args.kernels_dir, !args.no_ceilings)
 }
 
-/// The backend a `--backend` choice resolves to, for callers outside `run`.
-pub fn open_backend(choice: BackendChoice, kernels_dir: &Path) -> Result<Box<dyn Backend>, InputError> {
-    backend::select(choice, kernels_dir).map(|(b, _)| b)
-}
-
 /// Times every split count of each V4 workload, the heuristic's pick and
 /// hca_persist; writes splits.csv and splits.svg next to the run's rows.
 pub fn splits(args: &crate::cli::SplitsArgs) -> Result<u8> {
@@ -360,40 +365,14 @@ pub fn splits(args: &crate::cli::SplitsArgs) -> Result<u8> {
     if let Some(csv) = &args.from {
         return rescore_splits(&cases, csv);
     }
-    let (mut backend, notice) = backend::select(args.backend, &args.kernels_dir)?;
+    let e = &args.exec;
+    let (mut backend, notice) = backend::select(e.backend, &e.kernels_dir)?;
     if let Some(n) = notice {
         eprintln!("{n}");
     }
-    let timing = TimingOptions {
-        enabled: true,
-        warmup: 3,
-        min_samples: args.min_samples.max(1),
-        min_time_ms: args.min_time_ms,
-        cold_l2: true,
-        graph: args.graph,
-    };
-    let bname = backend.info().backend.clone();
-    let opts = RunOptions {
-        check_rows: args.check_rows,
-        timing,
-        dump: None,
-        repro_flags: format!(" --backend {bname}"),
-    };
-    let meta = RunMeta {
-        run_id: args
-            .run_id
-            .clone()
-            .unwrap_or_else(|| format!("splits-{}", chrono::Utc::now().format("%Y%m%d-%H%M%S"))),
-        started: chrono::Utc::now().to_rfc3339(),
-        mlabench_version: env!("CARGO_PKG_VERSION").to_string(),
-        command: std::env::args().collect::<Vec<_>>().join(" "),
-        scenarios: vec![args.scenario.display().to_string()],
-        backend: bname,
-        device: backend.info().clone(),
-        check_rows: args.check_rows,
-        reference_gflops: None,
-    };
-    let mut dir = RunDir::create(&args.out, meta)?;
+    let opts = run_options(e, backend.as_ref(), true, true);
+    let meta = run_meta(e, backend.as_ref(), std::slice::from_ref(&args.scenario), "splits-");
+    let mut dir = RunDir::create(&e.out, meta)?;
     // One study per workload: the first case of each data id is its template.
     let mut seen = std::collections::HashSet::new();
     let bases: Vec<&Case> = cases.iter().filter(|c| seen.insert(data_id(c))).collect();

@@ -40,13 +40,10 @@ pub enum BackendChoice {
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
+    #[command(flatten)]
+    pub exec: Execution,
     /// Scenario files [default: scenarios/smoke.toml]
     pub scenarios: Vec<PathBuf>,
-    #[arg(long, value_enum, default_value_t = BackendChoice::Auto)]
-    pub backend: BackendChoice,
-    /// Check a seeded sample of N query rows per case instead of all of them.
-    #[arg(long, value_name = "N")]
-    pub check_rows: Option<usize>,
     /// Only cases whose id contains this text (repeatable; exact ids work too).
     #[arg(long = "case", value_name = "ID")]
     pub cases: Vec<String>,
@@ -57,12 +54,6 @@ pub struct RunArgs {
     /// same as the scenario's `force` list.
     #[arg(long = "force", value_name = "NAME")]
     pub force: Vec<String>,
-    /// Root for run outputs; each run writes <out>/<run-id>/.
-    #[arg(long, default_value = "results")]
-    pub out: PathBuf,
-    /// Name of the run directory [default: UTC time stamp].
-    #[arg(long)]
-    pub run_id: Option<String>,
     /// Write each case's inputs, outputs and reference as .safetensors into DIR.
     #[arg(long, value_name = "DIR")]
     pub dump: Option<PathBuf>,
@@ -72,21 +63,6 @@ pub struct RunArgs {
     /// Let samples hit a warm L2 (default: cold, inputs rotated / L2 flushed).
     #[arg(long)]
     pub warm_l2: bool,
-    /// Time CUDA-graph replays instead of individual launches.
-    #[arg(long)]
-    pub graph: bool,
-    /// Untimed launches before the samples.
-    #[arg(long, default_value_t = 3)]
-    pub warmup: usize,
-    /// Fewest timed samples.
-    #[arg(long, default_value_t = 10)]
-    pub min_samples: usize,
-    /// Keep sampling until this much time was measured.
-    #[arg(long, default_value_t = 50.0, value_name = "MS")]
-    pub min_time_ms: f64,
-    /// Where the CUDA kernel sources live.
-    #[arg(long, default_value = "kernels")]
-    pub kernels_dir: PathBuf,
     /// Print only the final summary line.
     #[arg(long, short)]
     pub quiet: bool,
@@ -135,29 +111,45 @@ pub struct KernelsArgs {
 pub struct SplitsArgs {
     /// Scenario with [[v4]] blocks (the [[mla]] blocks are ignored).
     pub scenario: PathBuf,
-    #[arg(long, value_enum, default_value_t = BackendChoice::Auto)]
-    pub backend: BackendChoice,
-    /// Check a seeded sample of N rows per run.
-    #[arg(long, value_name = "N")]
-    pub check_rows: Option<usize>,
+    #[command(flatten)]
+    pub exec: Execution,
     /// Only workloads whose id contains this text (repeatable).
     #[arg(long = "case", value_name = "ID")]
     pub cases: Vec<String>,
+    /// Re-score a measured splits.csv with the current heuristic (no GPU,
+    /// nothing is run): the regret of today's pick on that run's timings.
+    #[arg(long, value_name = "CSV")]
+    pub from: Option<PathBuf>,
+}
+
+/// What `run` and `splits` share: where to run, what to check, how to time,
+/// where results go.
+#[derive(Args, Debug)]
+pub struct Execution {
+    #[arg(long, value_enum, default_value_t = BackendChoice::Auto)]
+    pub backend: BackendChoice,
+    /// Check a seeded sample of N query rows per case instead of all of them.
+    #[arg(long, value_name = "N")]
+    pub check_rows: Option<usize>,
+    /// Root for run outputs; each run writes <out>/<run-id>/.
     #[arg(long, default_value = "results")]
     pub out: PathBuf,
+    /// Name of the run directory [default: UTC time stamp].
     #[arg(long)]
     pub run_id: Option<String>,
     /// Time CUDA-graph replays instead of individual launches.
     #[arg(long)]
     pub graph: bool,
-    /// Re-score a measured splits.csv with the current heuristic (no GPU,
-    /// nothing is run): the regret of today's pick on that run's timings.
-    #[arg(long, value_name = "CSV")]
-    pub from: Option<PathBuf>,
+    /// Untimed launches before the samples.
+    #[arg(long, default_value_t = 3)]
+    pub warmup: usize,
+    /// Fewest timed samples.
     #[arg(long, default_value_t = 10)]
     pub min_samples: usize,
+    /// Keep sampling until this much time was measured.
     #[arg(long, default_value_t = 50.0, value_name = "MS")]
     pub min_time_ms: f64,
+    /// Where the CUDA kernel sources live.
     #[arg(long, default_value = "kernels")]
     pub kernels_dir: PathBuf,
 }
