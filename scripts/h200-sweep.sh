@@ -2,7 +2,9 @@
 # The whole H200 sweep in one device call (the device machine has no cargo:
 # build here, carry a stripped binary and the precompiled kernel cache).
 # Usage, on the device machine:
-#   scripts/h200-sweep.sh OUTDIR BIN DEADLINE_S
+#   scripts/h200-sweep.sh OUTDIR BIN DEADLINE_S [all|mla|v4]
+# The whole sweep takes longer than one device command may run (10 min), so
+# `mla` and `v4` split it into two calls.
 # Runs in priority order; after each run OUTDIR/runs.tgz is refreshed, so a
 # run cut off by the deadline loses nothing already measured. Prints each
 # run's summary line last.
@@ -10,12 +12,15 @@ set -uo pipefail
 OUT=${1:?usage: h200-sweep.sh OUTDIR BIN DEADLINE_S}
 BIN=${2:?}
 DEADLINE=$(( $(date +%s) + ${3:?} ))
+PART=${4:-all}
+case $PART in all|mla|v4) ;; *) echo "part must be all, mla or v4, not '$PART'" >&2; exit 2 ;; esac
 R="$OUT/runs"
 mkdir -p "$R"
 export MLABENCH_CACHE=${MLABENCH_CACHE:-$PWD/.kcache}
 summary=()
 step() {
-    local id=$1; shift
+    local part=$1 id=$2; shift 2
+    [[ $PART == all || $PART == "$part" ]] || return 0
     local left=$(( DEADLINE - $(date +%s) ))
     if (( left < 15 )); then summary+=("$id: not run (deadline)"); return; fi
     timeout "$left" "$BIN" "$@" --backend cuda --out "$R" --run-id "$id" >"$R/$id.log" 2>&1
@@ -24,12 +29,12 @@ step() {
     tar czf "$OUT/runs.tgz" -C "$OUT" runs
 }
 "$BIN" device >"$R/device.txt" 2>&1 || { cat "$R/device.txt"; exit 2; }
-step smoke run scenarios/smoke.toml --min-time-ms 20
-step kimi-k3-dcp8 run scenarios/kimi-k3-dcp8.toml --min-time-ms 20
-step mla-bandwidth run scenarios/mla-bandwidth.toml --check-rows 16
-step dsv4-pro run scenarios/dsv4-pro.toml --check-rows 32 --min-time-ms 20
-step dsv4-splits splits scenarios/dsv4-pro.toml --check-rows 8 --min-samples 5 --min-time-ms 5
-step mla-sweep run scenarios/mla-sweep.toml --no-timing --check-rows 64
-step v4-sweep run scenarios/v4-sweep.toml --no-timing --check-rows 32
+step mla smoke run scenarios/smoke.toml --min-time-ms 20
+step mla kimi-k3-dcp8 run scenarios/kimi-k3-dcp8.toml --min-time-ms 20
+step mla mla-bandwidth run scenarios/mla-bandwidth.toml --check-rows 16
+step v4 dsv4-pro run scenarios/dsv4-pro.toml --check-rows 32 --min-time-ms 20
+step v4 dsv4-splits splits scenarios/dsv4-pro.toml --check-rows 8 --min-samples 5 --min-time-ms 5
+step mla mla-sweep run scenarios/mla-sweep.toml --no-timing --check-rows 64
+step v4 v4-sweep run scenarios/v4-sweep.toml --no-timing --check-rows 32
 cat "$R/device.txt"
 printf '%s\n' "${summary[@]}"
