@@ -3,9 +3,12 @@
 // flattened token range of rows 0..N is cut into P equal partitions; a row
 // inside one partition is finished directly (with the sink); a row cut by
 // partition boundaries leaves f32 pieces in o_acc/lse_acc slot 2p (first row of
-// partition p) or 2p+1 (its last row), and the CTA that brings counters[row] to
-// pieces * head_groups merges them and resets the counter to 0. Nobody waits
-// on anybody, so any CTA scheduling order is safe.
+// partition p) or 2p+1 (its last row). Each head group counts its pieces in
+// its own 16-bit field of counters[row]; the CTA that brings its field to
+// `pieces` merges that group's heads (its own piece straight from registers)
+// and subtracts the field back to 0. Nobody waits on anybody, so any CTA
+// scheduling order is safe. P here is the effective count (effective_parts):
+// at most one wave of CTAs and at least HCA_MIN_TOKENS tokens per partition.
 #include "v4_core.cuh"
 
 namespace {
@@ -44,59 +47,148 @@ __device__ int row_pieces(long long st, long long en, long long total, int parts
   return c;
 }
 
-// Merges every piece of row r over all HK heads and writes o, lse with the sink.
-__device__ void merge_row(char* sm, int r, long long st, long long en, long long total, int parts,
-                          const float* o_acc, const float* lse_acc, const float* sink,
-                          __nv_bfloat16* o, float* lse) {
+// Minimum tokens per partition: below it a CTA's fixed cost (Q load,
+// pipeline fill, partial write, merge) outweighs the parallelism it buys.
+#ifndef HCA_MIN_TOKENS
+#define HCA_MIN_TOKENS 64
+#endif
+// Partitions per head group, at most: one wave of one CTA per SM.
+#ifndef HCA_WAVES
+#define HCA_WAVES 1
+#endif
+
+// The partitions this call uses: P_eff = min(parts, waves * SMs / head groups,
+// ceil(total / HCA_MIN_TOKENS)), >= 1. CTAs with p >= P_eff exit at once.
+__device__ __forceinline__ int effective_parts(long long total, int parts) {
+  unsigned nsm;
+  asm("mov.u32 %0, %%nsmid;" : "=r"(nsm));
+  long long pe = static_cast<long long>(HCA_WAVES) * nsm / gridDim.x;
+  const long long by_work = (total + HCA_MIN_TOKENS - 1) / HCA_MIN_TOKENS;
+  if (by_work < pe) pe = by_work;
+  if (parts < pe) pe = parts;
+  return pe < 1 ? 1 : static_cast<int>(pe);
+}
+
+// The last finisher of (row r, this head group) merges in registers: its own
+// piece is still in `acc` (unnormalized, m and l in SM_ML), the other pieces
+// are read from o_acc / lse_acc at exactly the places this thread would have
+// written them, so every load is independent and unrolled (no serial
+// round trips per element). Writes o and lse of this group's heads with the sink.
+__device__ __forceinline__ void merge_regs(char* sm, v4::Acc& acc, int r, int h0, int p_self, long long st,
+                           long long en, long long total, int parts, const float* o_acc,
+                           const float* lse_acc, const float* sink, __nv_bfloat16* o, float* lse) {
   using namespace v4;
-  const int tid = threadIdx.x;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int hw = warp / NSL, sl = warp - hw * NSL;
+  const int g = lane >> 2, t4 = lane & 3;
   const int pf = part_of(st, total, parts), pl = part_of(en - 1, total, parts);
   const int np = pl - pf + 1;
-  int* slots = reinterpret_cast<int*>(sm + SM_XCH);  // -1: empty partition
-  float* gsh = reinterpret_cast<float*>(sm + SM_MISC + 16);
+  int* slots = reinterpret_cast<int*>(sm + SM_XCH);  // -1: empty partition or this one
   for (int k = tid; k < np; k += THREADS) {
     const int q = pf + k;
     const long long b0 = bound(q, total, parts), b1 = bound(q + 1, total, parts);
-    slots[k] = b1 > b0 ? 2 * q + (b0 < st ? 1 : 0) : -1;
+    slots[k] = (b1 > b0 && q != p_self) ? 2 * q + (b0 < st ? 1 : 0) : -1;
   }
   __syncthreads();
-  for (int h = tid; h < HK; h += THREADS) {
-    const float sk = sink ? sink[h] : V4_NEG_INF;
-    float m = sk;
-    for (int k = 0; k < np; ++k)
-      if (slots[k] >= 0) m = fmaxf(m, __ldcg(lse_acc + (size_t)slots[k] * HK + h));
-    float sum = 0.f;
-    if (m != V4_NEG_INF) {
-      sum = sink ? expf(sk - m) : 0.f;
-      for (int k = 0; k < np; ++k)
-        if (slots[k] >= 0) sum += expf(__ldcg(lse_acc + (size_t)slots[k] * HK + h) - m);
+  const float* ml = reinterpret_cast<const float*>(sm + SM_ML);
+  float mx[MT][2], den[MT][2], own[MT][2], sk[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const int hr = hw * MH + mt * 16 + g + 8 * rr;
+      const float m = ml[2 * hr], l = ml[2 * hr + 1];
+      own[mt][rr] = l > 0.f ? m + log2f(l) : V4_NEG_INF;  // log2 domain
+      sk[mt][rr] = sink ? sink[h0 + hr] * LOG2E : V4_NEG_INF;
+      mx[mt][rr] = fmaxf(own[mt][rr], sk[mt][rr]);
     }
-    const float g = m == V4_NEG_INF ? V4_NEG_INF : m + logf(sum);
-    gsh[h] = g;
-    lse[(size_t)r * HK + h] = g;
+  for (int k = 0; k < np; ++k) {
+    const int slot = slots[k];
+    if (slot < 0) continue;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        const int head = h0 + hw * MH + mt * 16 + g + 8 * rr;
+        mx[mt][rr] = fmaxf(mx[mt][rr], __ldcg(lse_acc + (size_t)slot * HK + head) * LOG2E);
+      }
   }
-  __syncthreads();
-  for (int c = tid; c < HK * (D / 4); c += THREADS) {
-    const int h = c / (D / 4), d4 = c - h * (D / 4);
-    const float g = gsh[h];
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int k = 0; k < np; ++k) {
-      const int sl = slots[k];
-      if (sl < 0) continue;
-      const float w = g == V4_NEG_INF ? 0.f : expf(__ldcg(lse_acc + (size_t)sl * HK + h) - g);
-      const float4 v = __ldcg(reinterpret_cast<const float4*>(o_acc + ((size_t)sl * HK + h) * D) + d4);
-      acc.x += w * v.x; acc.y += w * v.y; acc.z += w * v.z; acc.w += w * v.w;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const float M = mx[mt][rr];
+      den[mt][rr] = M == V4_NEG_INF ? 0.f : exp2f(own[mt][rr] - M) + exp2f(sk[mt][rr] - M);
     }
-    uint2 pk;
-    pk.x = pack_bf16(acc.x, acc.y);
-    pk.y = pack_bf16(acc.z, acc.w);
-    *reinterpret_cast<uint2*>(o + ((size_t)r * HK + h) * D + d4 * 4) = pk;
+  for (int k = 0; k < np; ++k) {
+    const int slot = slots[k];
+    if (slot < 0) continue;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        const int head = h0 + hw * MH + mt * 16 + g + 8 * rr;
+        const float M = mx[mt][rr];
+        if (M != V4_NEG_INF) den[mt][rr] += exp2f(__ldcg(lse_acc + (size_t)slot * HK + head) * LOG2E - M);
+      }
   }
+  // Own piece: acc / l * 2^(own - M) / den = acc * 2^(m - M) / den.
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const int hr = hw * MH + mt * 16 + g + 8 * rr;
+      const float M = mx[mt][rr];
+      const float f = M == V4_NEG_INF ? 0.f : exp2f(ml[2 * hr] - M) / den[mt][rr];
+#pragma unroll
+      for (int j = 0; j < DS / 8; ++j) {
+        acc.o[mt][j][2 * rr] *= f;
+        acc.o[mt][j][2 * rr + 1] *= f;
+      }
+    }
+  for (int k = 0; k < np; ++k) {
+    const int slot = slots[k];
+    if (slot < 0) continue;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        const int head = h0 + hw * MH + mt * 16 + g + 8 * rr;
+        const float M = mx[mt][rr];
+        const float w = M == V4_NEG_INF
+                            ? 0.f
+                            : exp2f(__ldcg(lse_acc + (size_t)slot * HK + head) * LOG2E - M) / den[mt][rr];
+        const float* op = o_acc + ((size_t)slot * HK + head) * D + sl * DS + 2 * t4;
+#pragma unroll
+        for (int j0 = 0; j0 < DS / 8; j0 += 8) {
+          float2 v[8];
+#pragma unroll
+          for (int j = 0; j < 8; ++j) v[j] = __ldcg(reinterpret_cast<const float2*>(op + (j0 + j) * 8));
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            acc.o[mt][j0 + j][2 * rr] += w * v[j].x;
+            acc.o[mt][j0 + j][2 * rr + 1] += w * v[j].y;
+          }
+        }
+      }
+  }
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const int head = h0 + hw * MH + mt * 16 + g + 8 * rr;
+      const float M = mx[mt][rr];
+      unsigned* op = reinterpret_cast<unsigned*>(o + ((size_t)r * HK + head) * D + sl * DS + 2 * t4);
+#pragma unroll
+      for (int j = 0; j < DS / 8; ++j) op[j * 4] = pack_bf16(acc.o[mt][j][2 * rr], acc.o[mt][j][2 * rr + 1]);
+      if (sl == 0 && t4 == 0) lse[(size_t)r * HK + head] = M == V4_NEG_INF ? V4_NEG_INF : (M + log2f(den[mt][rr])) * LN2;
+    }
 }
 
 }  // namespace
 
-// grid (HK/64, P), block 256, dynamic smem v4::SMEM_BYTES. parts (P) <= 4096.
+// grid (HK/64, P), block 256, dynamic smem v4::SMEM_BYTES. parts (P) <= 4096;
+// the call uses P_eff <= P partitions (effective_parts) and the rest exit.
 // Head groups are the fastest grid index, so the CTAs of one partition run in
 // the same wave and the second reads the partition's KV from L2.
 // o_acc [2P, HK, 512] f32, lse_acc [2P, HK] f32, counters [>= n_rows] i32 zero
@@ -116,10 +208,14 @@ extern "C" __global__ void __launch_bounds__(v4::THREADS, 1)
   const long long base = kv_indptr[0];
   const long long total = static_cast<long long>(kv_indptr[n_rows]) - base;
   if (total <= 0) return;
-  const long long lo = bound(p, total, parts), hi = bound(p + 1, total, parts);
+  const int pe = effective_parts(total, parts);
+  if (p >= pe) return;
+  const long long lo = bound(p, total, pe), hi = bound(p + 1, total, pe);
   if (lo >= hi) return;
   const Src src{q_packed, q_rope, pool_packed, pool_rope, kv_indices, sm_scale * LOG2E};
   int* flag = reinterpret_cast<int*>(sm + SM_MISC);
+  // This head group's field of the row counter (bits 16g..16g+15).
+  const int shift = 16 * static_cast<int>(blockIdx.x);
 
   for (int r = find_row(kv_indptr, n_rows, base, lo); r < n_rows; ++r) {
     const long long st = kv_indptr[r] - base, en = kv_indptr[r + 1] - base;
@@ -136,14 +232,18 @@ extern "C" __global__ void __launch_bounds__(v4::THREADS, 1)
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
-      const int need = row_pieces(st, en, total, parts) * static_cast<int>(gridDim.x);
-      *flag = atomicAdd(counters + r, 1) == need - 1;
+      const int pieces = row_pieces(st, en, total, pe);
+      const int old = atomicAdd(counters + r, 1 << shift);
+      const bool last = ((old >> shift) & 0xffff) == pieces - 1;
+      // Every piece of this group has arrived: take the group's share back
+      // out now (atomically: the other group may still be counting).
+      if (last) atomicSub(counters + r, pieces << shift);
+      *flag = last;
     }
     __syncthreads();
     if (*flag) {
       __threadfence();
-      merge_row(sm, r, st, en, total, parts, o_acc, lse_acc, sink, o, lse);
-      if (threadIdx.x == 0) counters[r] = 0;
+      merge_regs(sm, acc, r, h0, p, st, en, total, pe, o_acc, lse_acc, sink, o, lse);
     }
   }
 }

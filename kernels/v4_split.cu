@@ -9,6 +9,7 @@
 // groups fastest, so both halves of a row's heads meet its KV in L2 together).
 // Split s of row i covers the row's tokens [ceil(len*s/n), ceil(len*(s+1)/n)),
 // n = split_indptr[i+1] - split_indptr[i]; it writes slot split_indptr[i] + s.
+// An empty split (pad rows included) writes only its LSE (-inf), not its o.
 extern "C" __global__ void __launch_bounds__(v4::THREADS, 1)
     v4_split(const unsigned char* __restrict__ q_packed, const __nv_bfloat16* __restrict__ q_rope,
              const unsigned char* __restrict__ pool_packed,
@@ -25,6 +26,14 @@ extern "C" __global__ void __launch_bounds__(v4::THREADS, 1)
   const long long len = kv_indptr[row + 1] - beg;
   const long long a = (len * s + n - 1) / n;
   const long long b = (len * (s + 1) + n - 1) / n;
+  if (b <= a) {
+    const long long slot = static_cast<long long>(slot0) + s;
+    // Pad rows (length 0) and empty splits: LSE -inf is all split_merge needs
+    // (a part of LSE -inf has weight 0 and its o is never read), so skip the
+    // Q load, the pipeline and the 128 KB partial write.
+    if (threadIdx.x < v4::HG) part_lse[slot * v4::HK + h0 + threadIdx.x] = V4_NEG_INF;
+    return;
+  }
   const v4::Src src{q_packed, q_rope, pool_packed, pool_rope, kv_indices, sm_scale * v4::LOG2E};
   v4::Acc acc;
   v4::attend(sm, src, row, h0, beg + a, static_cast<int>(b - a), acc);
