@@ -41,35 +41,43 @@ pub fn kv_len_bound(layer: LayerType, index_topk: usize, max_model_len: usize) -
 
 /// Heads one CTA of the V4 kernel covers; more heads launch more CTAs per split.
 pub const HEADS_PER_CTA: usize = 64;
-/// Fraction of the CUs a plan aims to occupy, before the sub-linear
-/// row-count correction below (fitted on the H200, see docs/perf-notes.md).
-pub const OCCUPANCY_TARGET: f64 = 0.6;
-/// How fast the wanted split count falls with the CTAs the rows already
-/// launch: `n ~ 1 / (rows * groups)^0.75`.
-pub const OCCUPANCY_EXPONENT: f64 = 0.75;
-/// Fewest bound tokens per split for 16 heads; scales with the heads a CTA
-/// covers (more heads per CTA means more work per token, so shorter splits pay).
-pub const MIN_SPLIT_TOKENS_16H: usize = 48;
-/// Beyond four splits the partial traffic and merge cost more than the
-/// extra parallelism won in every measured shape.
-pub const HEURISTIC_MAX_SPLITS: usize = 4;
+/// Splits our heuristic gives 16 rows x 16 heads on 132 CUs; other shapes
+/// scale from there (fitted on the H200, see docs/perf-notes.md).
+pub const SPLITS_AT_REFERENCE: f64 = 8.0;
+const REFERENCE_HEAD_ROWS: f64 = 16.0 * 16.0;
+const REFERENCE_CUS: f64 = 132.0;
+/// How fast n falls with the work: each doubling of `rows * H` per CU
+/// divides n by `2^0.31 = 1.24`.
+pub const WORK_EXPONENT: f64 = 0.31;
+/// Tokens of one kernel tile: a split keeps at least one tile of the bound.
+pub const SPLIT_TILE_TOKENS: usize = 32;
+/// Splits of at most this many bound tokens (two tiles) cost more in a
+/// second wave of CTAs than they save, so they stay within one wave.
+pub const SHORT_SPLIT_TOKENS: usize = 64;
 
 /// Our split count for `rows` rows whose KV is at most `kv_len_bound` long.
 ///
-/// `n = round(0.6 * cus / (rows * ceil(H/64))^0.75)`, capped at 4 and so
-/// that a split keeps `48 * (heads per CTA / 16)` tokens of the bound; at
-/// least one. Fitted on `mlabench splits scenarios/dsv4-pro.toml` on the
-/// H200 (results/h200/dsv4-splits). The previous wave model trusted the
-/// static bound, which for HCA (8320) is far above the lengths most rows
-/// have, and split too little (max regret 48.9%). The bound only caps n;
-/// occupancy sets it.
+/// `n = round(8 * (256 * cus / (132 * rows * H))^0.31)`, at most one
+/// 32-token tile of the bound per split and 16; when a split would hold at
+/// most 64 bound tokens, n also stays within one wave (`rows * ceil(H/64) * n
+/// <= cus`). At least one.
+///
+/// Why this shape: n falls with the total work (`rows * H`: a 64-head CTA
+/// does four times the work per token of a 16-head one) rather than with
+/// the CTA count, and the bound only caps it, since for HCA (8320) it is
+/// far above what most rows hold. Fitted on `mlabench splits
+/// scenarios/dsv4-pro.toml` on the H200 (results/h200/dsv4-splits).
 pub fn heuristic_splits(rows: usize, heads: usize, kv_len_bound: usize, cus: usize) -> usize {
-    let groups = heads.max(1).div_ceil(HEADS_PER_CTA);
-    let heads_per_cta = heads.clamp(1, HEADS_PER_CTA);
-    let ctas = (rows.max(1) * groups) as f64;
-    let n_occ = (OCCUPANCY_TARGET * cus.max(1) as f64 / ctas.powf(OCCUPANCY_EXPONENT)).round() as usize;
-    let n_len = kv_len_bound * 16 / (MIN_SPLIT_TOKENS_16H * heads_per_cta);
-    n_occ.min(n_len).min(HEURISTIC_MAX_SPLITS).clamp(1, MAX_SPLITS)
+    let rows = rows.max(1);
+    let heads = heads.max(1);
+    let ctas = rows * heads.div_ceil(HEADS_PER_CTA);
+    let scale = REFERENCE_HEAD_ROWS * cus.max(1) as f64 / (REFERENCE_CUS * (rows * heads) as f64);
+    let n_work = (SPLITS_AT_REFERENCE * scale.powf(WORK_EXPONENT)).round() as usize;
+    let mut n = n_work.min(kv_len_bound / SPLIT_TILE_TOKENS).clamp(1, MAX_SPLITS);
+    if kv_len_bound / n <= SHORT_SPLIT_TOKENS {
+        n = n.min(cus / ctas);
+    }
+    n.max(1)
 }
 
 /// The kernel's own pick when no plan is passed. Modeled on aiter's
@@ -482,21 +490,24 @@ mod tests {
 
     #[test]
     fn heuristic_by_hand() {
-        // SWA at 16 heads: 16 rows want round(79.2 / 8) = 10 for occupancy,
-        // but 48-token splits of a 128 bound allow only 2.
-        assert_eq!(heuristic_splits(16, 16, 128, 132), 2);
-        // SWA at 128 heads: 128 * 16 / (48 * 64) = 0 tokens' worth: one split.
+        // The reference point: 16 rows x 16 heads of CSA.
+        assert_eq!(heuristic_splits(16, 16, 1152, 132), 8);
+        // 8x the head-rows: 8 * 8^-0.31 = 4.2.
+        assert_eq!(heuristic_splits(16, 128, 1152, 132), 4);
+        // 64 rows x 128 heads: 8 * 32^-0.31 = 2.7; 256 rows: 1.8.
+        assert_eq!(heuristic_splits(64, 128, 8320, 132), 3);
+        assert_eq!(heuristic_splits(256, 128, 8320, 132), 2);
+        // SWA (bound 128): at most 4 one-tile splits, and they stay in one
+        // wave: 64 rows at 16 heads launch 64 CTAs a split, so 2.
+        assert_eq!(heuristic_splits(16, 16, 128, 132), 4);
+        assert_eq!(heuristic_splits(64, 16, 128, 132), 2);
         assert_eq!(heuristic_splits(64, 128, 128, 132), 1);
-        // 64 rows at 16 heads: round(79.2 / 22.6) = 4 (3.5 rounds up).
-        assert_eq!(heuristic_splits(64, 16, 1152, 132), 4);
-        // 64 rows x 2 head groups = 128 CTAs: round(79.2 / 38.1) = 2.
-        assert_eq!(heuristic_splits(64, 128, 8320, 132), 2);
-        // 256 rows x 2 groups: round(79.2 / 107.6) = 1.
-        assert_eq!(heuristic_splits(256, 128, 8320, 132), 1);
-        // More CUs leave room for more splits at the same rows: round(2.85).
-        assert_eq!(heuristic_splits(256, 128, 8320, 512), 3);
-        // One row of a 100-token bound: occupancy wants 79, the bound allows 100 * 16 / 48 = 2.
-        assert_eq!(heuristic_splits(1, 16, 100, 132), 2);
+        // More CUs leave room for more splits at the same rows.
+        assert_eq!(heuristic_splits(256, 128, 8320, 528), 3);
+        // One row of a 100-token bound: the work wants 19, the bound 3 tiles.
+        assert_eq!(heuristic_splits(1, 16, 100, 132), 3);
+        // Degenerate inputs still give one split.
+        assert_eq!(heuristic_splits(0, 0, 0, 0), 1);
     }
 
     #[test]
@@ -510,8 +521,8 @@ mod tests {
     #[test]
     fn split_plan_sources() {
         let p = v4_split_plan(4, 8, 16, 128, 132, None);
-        assert_eq!((p.n, p.source), (2, SplitSource::Heuristic));
-        assert_eq!(p.split_indptr, vec![0, 2, 4, 6, 8, 10, 12, 14, 16]);
+        assert_eq!((p.n, p.source), (4, SplitSource::Heuristic));
+        assert_eq!(p.split_indptr, vec![0, 4, 8, 12, 16, 20, 24, 28, 32]);
         assert!(p.check("c").is_ok());
 
         let p = v4_split_plan(4, 8, 16, 128, 132, Some(5));
