@@ -1,5 +1,5 @@
-// The MLA decode core shared by ps1.cu and page64.cu: one CTA of 256 threads
-// streams a token range of one sequence's paged KV through a cp.async ring
+// The MLA decode core shared by ps1.cu and page64.cu: one CTA of THREADS
+// threads streams a token range of one sequence's paged KV through a cp.async ring
 // and computes softmax(Q K^T) V for up to 16*MT query-head rows with
 // mma.sync (bf16, or f16 from e4m3 for a8w8).
 //
@@ -7,15 +7,23 @@
 //   HK      kernel heads, multiple of 16, 16..128
 //   KV_FP8  0: bf16 Q/KV; 1: e4m3 Q/KV with per-tensor scales
 //   MT      16-row m-tiles per pass over the KV (1 or 2; default 1)
-//   STAGES  cp.async ring depth (default 4)
-//   WARPS   8 or 16 warps per CTA (default 16 for fp8 with MT=1, else 8)
+//   WARPS   8 or 16 warps per CTA (default 16 for MT=1, else 8)
+//   GROUPS  consumer groups per CTA (1 or 2; default 2 for MT=1, else 1).
+//           With 2, each group of WARPS/2 warps runs the algorithm below on
+//           alternate tiles (tile t -> group t%2) with its own cp.async ring,
+//           scratch, named barrier and online-softmax state, so one group's
+//           softmax overlaps the other's mma; the two (m, l, O) are merged in
+//           shared memory at the end.
+//   BN      tokens per tile (default 64 for fp8, 32 for bf16)
+//   STAGES  cp.async ring depth per group (default 2 with GROUPS=2, else 4)
 //   FP8_CVT e4m3 -> f16 method, see fp8.cuh
 //
-// Warp roles: for S = Q K^T warp w owns dims [144*(w%4), +144) and the
+// Warp roles, within a group (w: warp of the group): for S = Q K^T warp w owns dims [144*(w%4), +144) and the
 // token group w/4 of the tile (split-K keeps its Q slice in registers; the
 // 4 partial S tiles are summed through shared memory); the softmax runs on
-// all threads, THREADS/(16*MT) per row; for O += P V warp w owns output dims
-// [DW*w, DW*(w+1)). The first 256 threads also issue the tile loads.
+// all threads of the group, GTHREADS/(16*MT) per row; for O += P V warp w
+// owns output dims [DW*w, DW*(w+1)). The group's first LD_THREADS threads
+// also issue its tile loads.
 #pragma once
 #include <cuda_bf16.h>
 
@@ -31,11 +39,17 @@
 #ifndef MT
 #define MT 1
 #endif
-#ifndef STAGES
-#define STAGES 4
-#endif
 #ifndef WARPS
-#define WARPS (MT == 1 && KV_FP8 ? 16 : 8)
+#define WARPS (MT == 1 ? 16 : 8)
+#endif
+#ifndef GROUPS
+#define GROUPS (MT == 1 && WARPS == 16 ? 2 : 1)
+#endif
+#ifndef BN
+#define BN (KV_FP8 ? 64 : 32)
+#endif
+#ifndef STAGES
+#define STAGES (GROUPS == 2 ? 2 : 4)
 #endif
 
 static_assert(HK % 16 == 0 && HK >= 16 && HK <= 128, "HK must be a multiple of 16 in 16..128");
@@ -43,49 +57,73 @@ static_assert(MT == 1 || MT == 2, "MT must be 1 or 2");
 static_assert(STAGES >= 2 && STAGES <= 6, "STAGES must be 2..6");
 static_assert(WARPS == 8 || WARPS == 16, "WARPS must be 8 or 16");
 static_assert(MT == 1 || WARPS == 8, "MT=2 needs WARPS=8 (16 warps would spill)");
+static_assert(GROUPS == 1 || (GROUPS == 2 && WARPS == 16), "GROUPS=2 needs WARPS=16 (two groups of 8)");
+static_assert(BN == 16 || BN == 32 || BN == 64, "BN must be 16, 32 or 64");
 
 namespace mla {
 
 constexpr int D_QK = 576;
 constexpr int D_V = 512;
 constexpr int THREADS = 32 * WARPS;
-constexpr int LD_THREADS = 256;                // threads that issue tile loads
+constexpr int GW = WARPS / GROUPS;             // warps per consumer group
+constexpr int GTHREADS = 32 * GW;              // threads per group
 constexpr int EB = KV_FP8 ? 1 : 2;             // bytes per element
 constexpr int ROW_BYTES = D_QK * EB;           // one KV / Q row in memory
 constexpr int RS = ROW_BYTES + 16;             // its shared-memory stride: ldmatrix conflict-free
-constexpr int BN = KV_FP8 ? 64 : 32;           // tokens per tile (~37 KB either way)
 constexpr int TILE_BYTES = BN * RS;
-constexpr int NWN = WARPS / 4;                 // token groups in S = Q K^T
+constexpr int NWN = GW / 4;                    // token groups in S = Q K^T
 constexpr int TW = BN / NWN;                   // tokens per warp in S
 constexpr int NT = TW / 8;                     // n8 tiles of S per warp
-constexpr int DW = D_V / WARPS;                // output dims per warp in O += P V
+constexpr int DW = D_V / GW;                   // output dims per warp in O += P V
 constexpr int NJ = DW / 8;                     // n8 tiles of O per warp
 constexpr int ROWS = 16 * MT;
 constexpr int SP_LD = BN + 8;                  // floats; 8-byte stores conflict-free
 constexpr int PS_LD = BN + 8;                  // 16-bit; ldmatrix conflict-free
-constexpr int TPR = THREADS / ROWS;            // softmax threads per row
+constexpr int TPR = GTHREADS / ROWS;           // softmax threads per row
 constexpr int TPT = BN / TPR;                  // tokens per softmax thread
-constexpr int LD_TPT = LD_THREADS / BN;        // loader threads per token
-constexpr int LD_CH = ROW_BYTES / 16 / LD_TPT; // 16-byte chunks per loader thread
-constexpr int OFF_SP = STAGES * TILE_BYTES;
-constexpr int OFF_PS = OFF_SP + 4 * ROWS * SP_LD * 4;
-constexpr int OFF_AL = OFF_PS + ROWS * PS_LD * 2;
-constexpr int OFF_L = OFF_AL + ROWS * 4;
-constexpr int SMEM_BYTES = OFF_L + ROWS * 4;
+constexpr int ROW_CH = ROW_BYTES / 16;         // 16-byte chunks per row
+__host__ __device__ constexpr int pick_ld_tpt(int cap) { return cap <= 1 ? 1 : (ROW_CH % cap == 0 ? cap : pick_ld_tpt(cap - 1)); }
+constexpr int LD_TPT = pick_ld_tpt((GTHREADS < 256 ? GTHREADS : 256) / BN);  // loader threads per token
+constexpr int LD_THREADS = BN * LD_TPT;        // threads of a group that issue tile loads
+constexpr int LD_CH = ROW_CH / LD_TPT;         // 16-byte chunks per loader thread
+constexpr int RING_BYTES = STAGES * TILE_BYTES;  // one group's ring
+constexpr int SCR_SP = 0;                        // offsets inside a group's scratch
+constexpr int SCR_PS = SCR_SP + 4 * ROWS * SP_LD * 4;
+constexpr int SCR_AL = SCR_PS + ROWS * PS_LD * 2;
+constexpr int SCR_L = SCR_AL + ROWS * 4;
+constexpr int SCR_BYTES = SCR_L + ROWS * 4;
+constexpr int OFF_SCR = GROUPS * RING_BYTES;     // group g's scratch at OFF_SCR + g * SCR_BYTES
+constexpr int SMEM_BYTES = OFF_SCR + GROUPS * SCR_BYTES;
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr float LN2 = 0.6931471805599453f;
 
 static_assert(LD_CH * LD_TPT * 16 == ROW_BYTES, "loader covers a row exactly");
+static_assert(LD_THREADS <= GTHREADS, "loaders are threads of the group");
+static_assert(NT >= 1 && NT <= 4 && NT != 3 && (!KV_FP8 || NT >= 2), "S tile shape");
+static_assert(NT <= 2 || KV_FP8, "bf16 S path handles 1 or 2 n8 tiles per warp");
+static_assert(GROUPS == 1 || ROWS * D_V * 4 <= RING_BYTES, "group 1's O fits its ring for the merge");
+static_assert(SCR_BYTES % 16 == 0 && RING_BYTES % 16 == 0, "16-byte aligned regions");
 static_assert(TPT == 1 || TPT == 2 || TPT == 4 || TPT == 8, "softmax vector width");
 static_assert(SMEM_BYTES <= 232448, "fits the sm_90 opt-in shared memory");
 
 __device__ __forceinline__ float ninf() { return -__int_as_float(0x7f800000); }
 
-// Stops a launch whose dynamic shared memory is smaller than the layout.
+// Barrier of one consumer group (named barrier 1 + grp over its threads), or
+// of the whole CTA with one group.
+__device__ __forceinline__ void group_sync(int grp) {
+  if constexpr (GROUPS == 1) {
+    __syncthreads();
+  } else {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(1 + grp), "n"(GTHREADS) : "memory");
+  }
+}
+
+// Stops a launch whose dynamic shared memory is smaller than the layout or
+// whose block is not THREADS wide (host and defines disagree).
 __device__ __forceinline__ void check_smem() {
   unsigned dyn;
   asm volatile("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(dyn));
-  if (dyn < static_cast<unsigned>(SMEM_BYTES)) __trap();
+  if (dyn < static_cast<unsigned>(SMEM_BYTES) || blockDim.x != THREADS) __trap();
 }
 
 // Tokens of a rank's shard of a length-L sequence (SPEC section 1).
@@ -113,20 +151,23 @@ __device__ __forceinline__ long long pool_row(const int* __restrict__ idx, int j
 }
 
 // Runs one pass. Outputs go to `o` (bf16) or, with `to_part`, to `part_o`
-// (f32); `lse` is the matching LSE array. Must be called by all 256 threads.
+// (f32); `lse` is the matching LSE array. Must be called by all THREADS threads.
 template <int PAGE>
 __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char* __restrict__ q,
                        const unsigned char* __restrict__ kv, const int* __restrict__ idx, float scale_log2,
                        float out_scale, bool to_part, __nv_bfloat16* __restrict__ o,
                        float* __restrict__ part_o, float* __restrict__ lse) {
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  // Everything below is per consumer group: tid and warp count within it.
+  const int grp = GROUPS == 1 ? 0 : static_cast<int>(threadIdx.x) / GTHREADS;
+  const int tid = static_cast<int>(threadIdx.x) - grp * GTHREADS, lane = tid & 31, warp = tid >> 5;
   const int kw = warp & 3, nw = warp >> 2, g = lane >> 2, qd = lane & 3;
   const int li = lane >> 3, lr = lane & 7;  // ldmatrix: which 8x8 matrix, which row
-  float* sp = reinterpret_cast<float*>(smem + OFF_SP);
-  unsigned short* psm = reinterpret_cast<unsigned short*>(smem + OFF_PS);
-  float* alpha_s = reinterpret_cast<float*>(smem + OFF_AL);
-  float* l_s = reinterpret_cast<float*>(smem + OFF_L);
-  const unsigned smem0 = smem_u32(smem);
+  unsigned char* scr = smem + OFF_SCR + grp * SCR_BYTES;
+  float* sp = reinterpret_cast<float*>(scr + SCR_SP);
+  unsigned short* psm = reinterpret_cast<unsigned short*>(scr + SCR_PS);
+  float* alpha_s = reinterpret_cast<float*>(scr + SCR_AL);
+  float* l_s = reinterpret_cast<float*>(scr + SCR_L);
+  const unsigned smem0 = smem_u32(smem + grp * RING_BYTES);
   const unsigned ps_base = smem_u32(psm);
 
   // Q fragments of this warp's 144-dim slice, for every m-tile.
@@ -155,13 +196,15 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
     }
   }
 
-  // Loader role: one token per thread, LD_CH 16-byte chunks of it.
-  const int ntiles = ps.t1 > ps.t0 ? (ps.t1 - ps.t0 + BN - 1) / BN : 0;
+  // Loader role: one token per thread, LD_CH 16-byte chunks of it. Local
+  // tile u of this group is tile grp + GROUPS*u of the pass.
+  const int ntiles_all = ps.t1 > ps.t0 ? (ps.t1 - ps.t0 + BN - 1) / BN : 0;
+  const int ntiles = ntiles_all > grp ? (ntiles_all - grp + GROUPS - 1) / GROUPS : 0;
   const int ld_tok = tid / LD_TPT, ld_c = tid % LD_TPT;
   const unsigned ld_dst = smem0 + ld_tok * RS + ld_c * 16;
   const bool loader = tid < LD_THREADS;
   auto row_of = [&](int t) -> long long {
-    const int j = ps.t0 + t * BN + ld_tok;
+    const int j = ps.t0 + (grp + GROUPS * t) * BN + ld_tok;
     return (loader && t < ntiles && j < ps.t1) ? pool_row<PAGE>(idx, j) : -1ll;
   };
   auto issue = [&](int t, long long row) {
@@ -195,7 +238,7 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
 
   for (int t = 0; t < ntiles; ++t) {
     cp_async_wait<STAGES - 2>();
-    __syncthreads();  // tile t landed for all; tile t-1's stage is free
+    group_sync(grp);  // tile t landed for all; tile t-1's stage is free
     {
       const int tn = t + STAGES - 1;
       if (tn < ntiles) issue(tn, nrow);
@@ -251,7 +294,7 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
         *reinterpret_cast<float2*>(dst) = make_float2(sacc[mt][n][0], sacc[mt][n][1]);
         *reinterpret_cast<float2*>(dst + 8 * SP_LD) = make_float2(sacc[mt][n][2], sacc[mt][n][3]);
       }
-    __syncthreads();
+    group_sync(grp);
 
     // ---- online softmax of row sr over this tile
     {
@@ -278,7 +321,7 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
           }
         }
       }
-      const int tb = ps.t0 + t * BN + sc;
+      const int tb = ps.t0 + (grp + GROUPS * t) * BN + sc;
       float mx = ninf();
 #pragma unroll
       for (int e = 0; e < TPT; ++e) {
@@ -318,7 +361,7 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
       m_run = m_new;
       if ((tid % TPR) == 0) alpha_s[sr] = alpha;
     }
-    __syncthreads();
+    group_sync(grp);
 
     // ---- O = alpha * O + P V over this warp's 64 output dims
 #pragma unroll
@@ -374,19 +417,74 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
   }
   cp_async_wait<0>();
 
-  // ---- epilogue: LSE from the softmax threads, O from the PV warps
-  if ((tid % TPR) == 0) {
-    l_s[sr] = l_run;
+  // ---- epilogue: LSE from the softmax threads, O from the PV warps.
+  // With two groups, both publish (m, l) per row and group 1 its O (into its
+  // own ring, free now); group 0 rescales both to the common max and stores.
+  // fin[r] = weight of group 0's O of row r, fin[ROWS + r] = of group 1's,
+  // fin[2*ROWS + r] = the merged l (one group: weight 1, l).
+  float* fin = sp;  // group 0's S scratch, unused after the loop
+  if constexpr (GROUPS == 2) {
+    group_sync(grp);  // this group's ring and scratch are no longer read
+    if ((tid % TPR) == 0) {
+      alpha_s[sr] = m_run;
+      l_s[sr] = l_run;
+    }
+    if (grp == 1) {
+      float* o1 = reinterpret_cast<float*>(smem + RING_BYTES);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int j = 0; j < NJ; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) o1[((mt * NJ + j) * 4 + e) * GTHREADS + tid] = oacc[mt][j][e];
+    }
+    __syncthreads();
+    if (grp == 0 && (tid % TPR) == 0) {
+      const float* scr1 = reinterpret_cast<const float*>(smem + OFF_SCR + SCR_BYTES);
+      const float m1 = scr1[SCR_AL / 4 + sr], l1 = scr1[SCR_L / 4 + sr];
+      const float m = fmaxf(m_run, m1);
+      const float m_use = (m == ninf()) ? 0.f : m;
+      const float a0 = exp2f(m_run - m_use), a1 = exp2f(m1 - m_use);
+      m_run = m;
+      l_run = l_run * a0 + l1 * a1;
+      fin[sr] = a0;
+      fin[ROWS + sr] = a1;
+      fin[2 * ROWS + sr] = l_run;
+    }
+  } else {
+    if ((tid % TPR) == 0) {
+      fin[sr] = 1.f;
+      fin[2 * ROWS + sr] = l_run;
+    }
+  }
+  if (grp == 0 && (tid % TPR) == 0) {
     const bool hi = MT > 1 && sr >= 16;  // selects, not a run-time index: keeps ps in registers
     const int valid = hi ? ps.valid[MT - 1] : ps.valid[0];
     const long long orow = hi ? ps.o_row[MT - 1] : ps.o_row[0];
     if (valid) lse[orow + (sr & 15)] = l_run > 0.f ? (m_run + log2f(l_run)) * LN2 : ninf();
   }
-  __syncthreads();
+  group_sync(grp);
+  if (grp == 0) {
+    if constexpr (GROUPS == 2) {
+      const float* o1 = reinterpret_cast<const float*>(smem + RING_BYTES);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        const float a0 = fin[mt * 16 + g], a8 = fin[mt * 16 + g + 8];
+        const float b0 = fin[ROWS + mt * 16 + g], b8 = fin[ROWS + mt * 16 + g + 8];
+#pragma unroll
+        for (int j = 0; j < NJ; ++j) {
+          const float* src = o1 + (mt * NJ + j) * 4 * GTHREADS + tid;
+          oacc[mt][j][0] = oacc[mt][j][0] * a0 + src[0] * b0;
+          oacc[mt][j][1] = oacc[mt][j][1] * a0 + src[GTHREADS] * b0;
+          oacc[mt][j][2] = oacc[mt][j][2] * a8 + src[2 * GTHREADS] * b8;
+          oacc[mt][j][3] = oacc[mt][j][3] * a8 + src[3 * GTHREADS] * b8;
+        }
+      }
+    }
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
     if (!ps.valid[mt]) continue;
-    const float l0 = l_s[mt * 16 + g], l8 = l_s[mt * 16 + g + 8];
+    const float l0 = fin[2 * ROWS + mt * 16 + g], l8 = fin[2 * ROWS + mt * 16 + g + 8];
     const float i0 = l0 > 0.f ? out_scale / l0 : 0.f, i8 = l8 > 0.f ? out_scale / l8 : 0.f;
     const long long row0 = ps.o_row[mt] + g, row8 = row0 + 8;
 #if KV_FP8
@@ -422,6 +520,7 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
     }
 #endif
   }
+  }  // grp == 0
   __syncthreads();  // the next pass reuses the shared buffers
 }
 

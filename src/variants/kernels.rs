@@ -4,9 +4,6 @@
 
 use crate::backend::cuda::KernelSpec;
 
-/// cp.async ring depth the MLA kernels are built with (ABI default).
-pub const MLA_STAGES: usize = 4;
-
 /// 16-row m-tiles per pass: 1 for the 16-row decode hot path, else 2 (kernels/ABI.md).
 pub fn mla_mt(kernel_heads: usize, s_q: usize) -> usize {
     if kernel_heads * s_q == 16 {
@@ -16,21 +13,43 @@ pub fn mla_mt(kernel_heads: usize, s_q: usize) -> usize {
     }
 }
 
-/// Warps per CTA of `ps1_fwd` / `page64_fwd`: 16 for fp8 at MT=1, else 8
-/// (kernels/ABI.md; measured per dtype in kernels/dev/NOTES.md).
-pub fn mla_warps(fp8: bool, mt: usize) -> usize {
-    if fp8 && mt == 1 {
-        16
-    } else {
-        8
+/// The launch shape of `ps1_fwd` / `page64_fwd` for one (dtype, MT): the
+/// defaults of kernels/common/mla_core.cuh (kernels/ABI.md; measured in
+/// kernels/dev/NOTES.md). MT=1 runs two consumer groups of 8 warps on
+/// alternate tiles; MT=2 one group of 8.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MlaShape {
+    /// Warps per CTA (all groups).
+    pub warps: usize,
+    /// Consumer groups, each with its own cp.async ring.
+    pub groups: usize,
+    /// Tokens per tile.
+    pub bn: usize,
+    /// cp.async ring depth per group.
+    pub stages: usize,
+}
+
+pub fn mla_shape(fp8: bool, mt: usize) -> MlaShape {
+    match (fp8, mt) {
+        (false, 1) => MlaShape { warps: 16, groups: 2, bn: 32, stages: 2 },
+        (true, 1) => MlaShape { warps: 16, groups: 2, bn: 64, stages: 2 },
+        (false, _) => MlaShape { warps: 8, groups: 1, bn: 32, stages: 4 },
+        (true, _) => MlaShape { warps: 8, groups: 1, bn: 64, stages: 4 },
     }
+}
+
+/// Warps per CTA of `ps1_fwd` / `page64_fwd`.
+pub fn mla_warps(fp8: bool, mt: usize) -> usize {
+    mla_shape(fp8, mt).warps
 }
 
 /// Dynamic shared memory of `ps1_fwd` / `page64_fwd` (kernels/ABI.md formula).
 pub fn mla_smem(fp8: bool, mt: usize) -> u32 {
-    let (eb, bn) = if fp8 { (1, 64) } else { (2, 32) };
+    let MlaShape { groups, bn, stages, .. } = mla_shape(fp8, mt);
+    let eb = if fp8 { 1 } else { 2 };
     let rows = 16 * mt;
-    (MLA_STAGES * bn * (576 * eb + 16) + 4 * rows * (bn + 8) * 4 + rows * (bn + 8) * 2 + rows * 8) as u32
+    let per_group = stages * bn * (576 * eb + 16) + 4 * rows * (bn + 8) * 4 + rows * (bn + 8) * 2 + rows * 8;
+    (groups * per_group) as u32
 }
 
 fn mla(file: &'static str, entries: &[&'static str], hk: usize, fp8: bool, mt: usize) -> KernelSpec {
@@ -97,10 +116,11 @@ mod tests {
 
     #[test]
     fn smem_matches_the_abi_tables() {
-        assert_eq!(mla_smem(false, 1), 161_152);
+        assert_eq!(mla_smem(false, 1), 172_800);
         assert_eq!(mla_smem(false, 2), 172_800);
-        assert_eq!(mla_smem(true, 1), 172_416);
+        assert_eq!(mla_smem(true, 1), 193_280);
         assert_eq!(mla_smem(true, 2), 193_280);
+        assert!((1..=2).all(|mt| [false, true].iter().all(|&f| mla_smem(f, mt) <= 232_448)));
         assert_eq!([16, 32, 64, 128].map(v4_smem), [144_064, 182_656, 218_880, 218_880]);
         assert_eq!([16, 32, 64, 128].map(v4_groups), [1, 1, 1, 2]);
     }
