@@ -17,6 +17,14 @@
 //   BN      tokens per tile (default 64 for fp8, 32 for bf16)
 //   STAGES  cp.async ring depth per group (default 2 with GROUPS=2, else 4)
 //   FP8_CVT e4m3 -> f16 method, see fp8.cuh
+//   QSMEM   1: Q (as f16 / bf16) sits in shared memory, shared by the groups,
+//           and each warp loads its A fragments with ldmatrix per k-step;
+//           0: each warp keeps its Q slice in registers (36 per m-tile).
+//           Default: 1 with GROUPS=2 (512 threads leave 128 registers each)
+//   IDX_AHEAD  tiles between a token's pool-index load and its cp.async
+//           issue (1 or 2; default 1)
+//   TILE_SPLIT with GROUPS=2: 0 = group g takes tiles g, g+2, ... (default);
+//           1 = group 0 the first half of the tiles, group 1 the second
 //
 // Warp roles, within a group (w: warp of the group): for S = Q K^T warp w owns dims [144*(w%4), +144) and the
 // token group w/4 of the tile (split-K keeps its Q slice in registers; the
@@ -51,6 +59,15 @@
 #ifndef STAGES
 #define STAGES (GROUPS == 2 ? 2 : 4)
 #endif
+#ifndef IDX_AHEAD
+#define IDX_AHEAD 1
+#endif
+#ifndef QSMEM
+#define QSMEM (GROUPS == 2 ? 1 : 0)
+#endif
+#ifndef TILE_SPLIT
+#define TILE_SPLIT 0
+#endif
 
 static_assert(HK % 16 == 0 && HK >= 16 && HK <= 128, "HK must be a multiple of 16 in 16..128");
 static_assert(MT == 1 || MT == 2, "MT must be 1 or 2");
@@ -59,6 +76,9 @@ static_assert(WARPS == 8 || WARPS == 16, "WARPS must be 8 or 16");
 static_assert(MT == 1 || WARPS == 8, "MT=2 needs WARPS=8 (16 warps would spill)");
 static_assert(GROUPS == 1 || (GROUPS == 2 && WARPS == 16), "GROUPS=2 needs WARPS=16 (two groups of 8)");
 static_assert(BN == 16 || BN == 32 || BN == 64, "BN must be 16, 32 or 64");
+static_assert(IDX_AHEAD == 1 || IDX_AHEAD == 2, "IDX_AHEAD must be 1 or 2");
+static_assert(TILE_SPLIT == 0 || TILE_SPLIT == 1, "TILE_SPLIT must be 0 or 1");
+static_assert(QSMEM == 0 || QSMEM == 1, "QSMEM must be 0 or 1");
 
 namespace mla {
 
@@ -93,7 +113,9 @@ constexpr int SCR_AL = SCR_PS + ROWS * PS_LD * 2;
 constexpr int SCR_L = SCR_AL + ROWS * 4;
 constexpr int SCR_BYTES = SCR_L + ROWS * 4;
 constexpr int OFF_SCR = GROUPS * RING_BYTES;     // group g's scratch at OFF_SCR + g * SCR_BYTES
-constexpr int SMEM_BYTES = OFF_SCR + GROUPS * SCR_BYTES;
+constexpr int OFF_Q = OFF_SCR + GROUPS * SCR_BYTES;
+constexpr int RSQ = D_QK * 2 + 16;               // Q row stride in shared memory (16-bit elements)
+constexpr int SMEM_BYTES = OFF_Q + (QSMEM ? ROWS * RSQ : 0);
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr float LN2 = 0.6931471805599453f;
 
@@ -170,6 +192,42 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
   const unsigned smem0 = smem_u32(smem + grp * RING_BYTES);
   const unsigned ps_base = smem_u32(psm);
 
+#if QSMEM
+  // Q of the pass into shared memory as 16-bit values, rows of RSQ bytes.
+  // fp8: each 16-element chunk is stored permuted the way qk_cvt pairs K
+  // (columns 2j, 2j+1 hold elements 4j, 4j+1; columns 8+2j, 9+2j hold 4j+2,
+  // 4j+3), so a standard ldmatrix A load matches the K fragments.
+  {
+    unsigned char* qs = smem + OFF_Q;
+#if KV_FP8
+    for (int i = threadIdx.x; i < ROWS * 144; i += THREADS) {
+      const int r = i / 144, ch = (i % 144) >> 2, j = i & 3;
+      const bool hi = MT > 1 && r >= 16;
+      unsigned x = 0u, y = 0u;
+      if (hi ? ps.valid[MT - 1] : ps.valid[0]) {
+        const long long qr = (hi ? ps.q_row[MT - 1] : ps.q_row[0]) + (r & 15);
+        qk_cvt(ldg_u32(q + qr * ROW_BYTES + ch * 16 + 4 * j), x, y);
+      }
+      unsigned* dst = reinterpret_cast<unsigned*>(qs + r * RSQ + ch * 32);
+      dst[j] = x;
+      dst[4 + j] = y;
+    }
+#else
+    for (int i = threadIdx.x; i < ROWS * 72; i += THREADS) {
+      const int r = i / 72, ch = i % 72;
+      const bool hi = MT > 1 && r >= 16;
+      uint4 v = make_uint4(0u, 0u, 0u, 0u);
+      if (hi ? ps.valid[MT - 1] : ps.valid[0]) {
+        const long long qr = (hi ? ps.q_row[MT - 1] : ps.q_row[0]) + (r & 15);
+        v = __ldg(reinterpret_cast<const uint4*>(q + qr * ROW_BYTES + ch * 16));
+      }
+      *reinterpret_cast<uint4*>(qs + r * RSQ + ch * 16) = v;
+    }
+#endif
+    __syncthreads();
+  }
+  const unsigned q_base = smem_u32(smem + OFF_Q) + (lane & 15) * RSQ + (kw * 144 + (lane >> 4) * 8) * 2;
+#else
   // Q fragments of this warp's 144-dim slice, for every m-tile.
   unsigned qf[MT][9][4];
 #pragma unroll
@@ -196,15 +254,25 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
     }
   }
 
+#endif
+
   // Loader role: one token per thread, LD_CH 16-byte chunks of it. Local
   // tile u of this group is tile grp + GROUPS*u of the pass.
   const int ntiles_all = ps.t1 > ps.t0 ? (ps.t1 - ps.t0 + BN - 1) / BN : 0;
-  const int ntiles = ntiles_all > grp ? (ntiles_all - grp + GROUPS - 1) / GROUPS : 0;
+  const int half = (ntiles_all + 1) / 2;  // TILE_SPLIT=1: group 0's share
+  const int ntiles = GROUPS == 1  ? ntiles_all
+                     : TILE_SPLIT ? (grp ? ntiles_all - half : half)
+                                  : (ntiles_all > grp ? (ntiles_all - grp + 1) / 2 : 0);
+  // first token of this group's local tile u
+  auto tok0 = [&](int u) -> int {
+    const int t = GROUPS == 1 ? u : TILE_SPLIT ? (grp ? half + u : u) : grp + 2 * u;
+    return ps.t0 + t * BN;
+  };
   const int ld_tok = tid / LD_TPT, ld_c = tid % LD_TPT;
   const unsigned ld_dst = smem0 + ld_tok * RS + ld_c * 16;
   const bool loader = tid < LD_THREADS;
   auto row_of = [&](int t) -> long long {
-    const int j = ps.t0 + (grp + GROUPS * t) * BN + ld_tok;
+    const int j = tok0(t) + ld_tok;
     return (loader && t < ntiles && j < ps.t1) ? pool_row<PAGE>(idx, j) : -1ll;
   };
   auto issue = [&](int t, long long row) {
@@ -223,7 +291,10 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
     if (s < ntiles) issue(s, pre[s]);
     cp_async_commit();
   }
-  long long nrow = row_of(STAGES - 1);  // prefetched one tile ahead of its issue
+  long long nrow = row_of(STAGES - 1);  // prefetched IDX_AHEAD tiles ahead of its issue
+#if IDX_AHEAD == 2
+  long long nrow2 = row_of(STAGES);
+#endif
 
   float oacc[MT][NJ][4];
 #pragma unroll
@@ -243,7 +314,12 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
       const int tn = t + STAGES - 1;
       if (tn < ntiles) issue(tn, nrow);
       cp_async_commit();
+#if IDX_AHEAD == 2
+      nrow = nrow2;
+      nrow2 = row_of(tn + 2);
+#else
       nrow = row_of(tn + 1);
+#endif
     }
     const unsigned kt = smem0 + (t % STAGES) * TILE_BYTES;
 
@@ -255,6 +331,18 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
       for (int n = 0; n < NT; ++n) sacc[mt][n][0] = sacc[mt][n][1] = sacc[mt][n][2] = sacc[mt][n][3] = 0.f;
 #pragma unroll
     for (int c = 0; c < 9; ++c) {
+      unsigned qa[MT][4];  // A fragments of k-step c
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+#if QSMEM
+        ldsm_x4(q_base + mt * 16 * RSQ + c * 32, qa[mt][0], qa[mt][1], qa[mt][2], qa[mt][3]);
+#else
+        qa[mt][0] = qf[mt][c][0];
+        qa[mt][1] = qf[mt][c][1];
+        qa[mt][2] = qf[mt][c][2];
+        qa[mt][3] = qf[mt][c][3];
+#endif
+      }
 #if KV_FP8
       unsigned w4[4];
       if constexpr (NT == 4) {
@@ -267,7 +355,7 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
         unsigned b0, b1;
         qk_cvt(w4[n], b0, b1);
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) mma_f16(sacc[mt][n], qf[mt][c], b0, b1);
+        for (int mt = 0; mt < MT; ++mt) mma_f16(sacc[mt][n], qa[mt], b0, b1);
       }
 #else
       if constexpr (NT == 2) {
@@ -275,14 +363,14 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
         ldsm_x4(kt + (nw * TW + (li >> 1) * 8 + lr) * RS + (kw * 144 + c * 16 + (li & 1) * 8) * 2, b0, b1, b2, b3);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          mma_bf16(sacc[mt][0], qf[mt][c], b0, b1);
-          mma_bf16(sacc[mt][NT - 1], qf[mt][c], b2, b3);
+          mma_bf16(sacc[mt][0], qa[mt], b0, b1);
+          mma_bf16(sacc[mt][NT - 1], qa[mt], b2, b3);
         }
       } else {
         unsigned b0, b1;
         ldsm_x2(kt + (nw * TW + lr) * RS + (kw * 144 + c * 16 + (li & 1) * 8) * 2, b0, b1);
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) mma_bf16(sacc[mt][0], qf[mt][c], b0, b1);
+        for (int mt = 0; mt < MT; ++mt) mma_bf16(sacc[mt][0], qa[mt], b0, b1);
       }
 #endif
     }
@@ -321,7 +409,7 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
           }
         }
       }
-      const int tb = ps.t0 + (grp + GROUPS * t) * BN + sc;
+      const int tb = tok0(t) + sc;
       float mx = ninf();
 #pragma unroll
       for (int e = 0; e < TPT; ++e) {
