@@ -33,6 +33,8 @@ pub struct MlaShape {
     pub bn: usize,
     /// cp.async ring depth per group.
     pub stages: usize,
+    /// Q staged in shared memory (`QSMEM=1`) instead of registers.
+    pub qsmem: bool,
 }
 
 /// MT=1 (the 16-row decode hot path) runs two consumer groups of 8 warps on
@@ -41,19 +43,20 @@ pub struct MlaShape {
 pub fn mla_shape(kernel: MlaKernel, fp8: bool, mt: usize) -> MlaShape {
     let bn = if fp8 { 64 } else { 32 };
     match (kernel, fp8, mt) {
-        (MlaKernel::Page64, true, 1) => MlaShape { warps: 16, groups: 1, bn, stages: 4 },
-        (_, _, 1) => MlaShape { warps: 16, groups: 2, bn, stages: 2 },
-        _ => MlaShape { warps: 8, groups: 1, bn, stages: 4 },
+        (MlaKernel::Page64, true, 1) => MlaShape { warps: 16, groups: 1, bn, stages: 4, qsmem: false },
+        (_, _, 1) => MlaShape { warps: 16, groups: 2, bn, stages: 2, qsmem: true },
+        _ => MlaShape { warps: 8, groups: 1, bn, stages: 4, qsmem: false },
     }
 }
 
 /// Dynamic shared memory of `ps1_fwd` / `page64_fwd` (kernels/ABI.md formula).
 pub fn mla_smem(fp8: bool, mt: usize, shape: MlaShape) -> u32 {
-    let MlaShape { groups, bn, stages, .. } = shape;
+    let MlaShape { groups, bn, stages, qsmem, .. } = shape;
     let eb = if fp8 { 1 } else { 2 };
     let rows = 16 * mt;
     let per_group = stages * bn * (576 * eb + 16) + 4 * rows * (bn + 8) * 4 + rows * (bn + 8) * 2 + rows * 8;
-    (groups * per_group) as u32
+    let q = if qsmem { rows * (576 * 2 + 16) } else { 0 };
+    (groups * per_group + q) as u32
 }
 
 fn mla(file: &'static str, entries: &[&'static str], kernel: MlaKernel, hk: usize, fp8: bool, mt: usize) -> KernelSpec {
@@ -66,6 +69,7 @@ fn mla(file: &'static str, entries: &[&'static str], kernel: MlaKernel, hk: usiz
         .define("GROUPS", sh.groups)
         .define("BN", sh.bn)
         .define("STAGES", sh.stages)
+        .define("QSMEM", sh.qsmem as u8)
 }
 
 pub fn ps1(hk: usize, fp8: bool, mt: usize) -> KernelSpec {
@@ -127,9 +131,9 @@ mod tests {
     fn smem_matches_the_abi_tables() {
         let smem = |k, fp8, mt| mla_smem(fp8, mt, mla_shape(k, fp8, mt));
         use MlaKernel::{Page64, Ps1};
-        assert_eq!(smem(Ps1, false, 1), 172_800);
-        assert_eq!(smem(Ps1, true, 1), 193_280);
-        assert_eq!(smem(Page64, false, 1), 172_800);
+        assert_eq!(smem(Ps1, false, 1), 191_488);
+        assert_eq!(smem(Ps1, true, 1), 211_968);
+        assert_eq!(smem(Page64, false, 1), 191_488);
         assert_eq!(smem(Page64, true, 1), 172_416);
         for k in [Ps1, Page64] {
             assert_eq!(smem(k, false, 2), 172_800);
