@@ -570,44 +570,44 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
       }
     }
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-    if (!ps.valid[mt]) continue;
-    const float l0 = fin[2 * ROWS + mt * 16 + g], l8 = fin[2 * ROWS + mt * 16 + g + 8];
-    const float i0 = l0 > 0.f ? out_scale / l0 : 0.f, i8 = l8 > 0.f ? out_scale / l8 : 0.f;
-    const long long row0 = ps.o_row[mt] + g, row8 = row0 + 8;
+    for (int mt = 0; mt < MT; ++mt) {
+      if (!ps.valid[mt]) continue;
+      const float l0 = fin[2 * ROWS + mt * 16 + g], l8 = fin[2 * ROWS + mt * 16 + g + 8];
+      const float i0 = l0 > 0.f ? out_scale / l0 : 0.f, i8 = l8 > 0.f ? out_scale / l8 : 0.f;
+      const long long row0 = ps.o_row[mt] + g, row8 = row0 + 8;
 #if KV_FP8
-    // n8 tile (block D, parity e) column n holds dim D + 2n + e, so this
-    // thread owns dims D + 4qd .. +3 of rows g and g+8.
+      // n8 tile (block D, parity e) column n holds dim D + 2n + e, so this
+      // thread owns dims D + 4qd .. +3 of rows g and g+8.
 #pragma unroll
-    for (int j = 0; j < NJ; j += 2) {
-      const int dim = warp * DW + (j >> 2) * 32 + ((j >> 1) & 1) * 16 + 4 * qd;
-      const float* ev = oacc[mt][j];
-      const float* od = oacc[mt][j + 1];
-      const float4 v0 = make_float4(ev[0] * i0, od[0] * i0, ev[1] * i0, od[1] * i0);
-      const float4 v8 = make_float4(ev[2] * i8, od[2] * i8, ev[3] * i8, od[3] * i8);
-      if (to_part) {
-        *reinterpret_cast<float4*>(part_o + row0 * D_V + dim) = v0;
-        *reinterpret_cast<float4*>(part_o + row8 * D_V + dim) = v8;
-      } else {
-        *reinterpret_cast<uint2*>(o + row0 * D_V + dim) = make_uint2(pack_bf16x2(v0.x, v0.y), pack_bf16x2(v0.z, v0.w));
-        *reinterpret_cast<uint2*>(o + row8 * D_V + dim) = make_uint2(pack_bf16x2(v8.x, v8.y), pack_bf16x2(v8.z, v8.w));
+      for (int j = 0; j < NJ; j += 2) {
+        const int dim = warp * DW + (j >> 2) * 32 + ((j >> 1) & 1) * 16 + 4 * qd;
+        const float* ev = oacc[mt][j];
+        const float* od = oacc[mt][j + 1];
+        const float4 v0 = make_float4(ev[0] * i0, od[0] * i0, ev[1] * i0, od[1] * i0);
+        const float4 v8 = make_float4(ev[2] * i8, od[2] * i8, ev[3] * i8, od[3] * i8);
+        if (to_part) {
+          *reinterpret_cast<float4*>(part_o + row0 * D_V + dim) = v0;
+          *reinterpret_cast<float4*>(part_o + row8 * D_V + dim) = v8;
+        } else {
+          *reinterpret_cast<uint2*>(o + row0 * D_V + dim) = make_uint2(pack_bf16x2(v0.x, v0.y), pack_bf16x2(v0.z, v0.w));
+          *reinterpret_cast<uint2*>(o + row8 * D_V + dim) = make_uint2(pack_bf16x2(v8.x, v8.y), pack_bf16x2(v8.z, v8.w));
+        }
       }
-    }
 #else
 #pragma unroll
-    for (int j = 0; j < NJ; ++j) {
-      const int dim = warp * DW + j * 8 + 2 * qd;
-      const float* c = oacc[mt][j];
-      if (to_part) {
-        *reinterpret_cast<float2*>(part_o + row0 * D_V + dim) = make_float2(c[0] * i0, c[1] * i0);
-        *reinterpret_cast<float2*>(part_o + row8 * D_V + dim) = make_float2(c[2] * i8, c[3] * i8);
-      } else {
-        *reinterpret_cast<unsigned*>(o + row0 * D_V + dim) = pack_bf16x2(c[0] * i0, c[1] * i0);
-        *reinterpret_cast<unsigned*>(o + row8 * D_V + dim) = pack_bf16x2(c[2] * i8, c[3] * i8);
+      for (int j = 0; j < NJ; ++j) {
+        const int dim = warp * DW + j * 8 + 2 * qd;
+        const float* c = oacc[mt][j];
+        if (to_part) {
+          *reinterpret_cast<float2*>(part_o + row0 * D_V + dim) = make_float2(c[0] * i0, c[1] * i0);
+          *reinterpret_cast<float2*>(part_o + row8 * D_V + dim) = make_float2(c[2] * i8, c[3] * i8);
+        } else {
+          *reinterpret_cast<unsigned*>(o + row0 * D_V + dim) = pack_bf16x2(c[0] * i0, c[1] * i0);
+          *reinterpret_cast<unsigned*>(o + row8 * D_V + dim) = pack_bf16x2(c[2] * i8, c[3] * i8);
+        }
       }
-    }
 #endif
-  }
+    }
   }  // grp == 0
   __syncthreads();  // the next pass reuses the shared buffers
 }

@@ -38,20 +38,46 @@ pub struct MlaShape {
 }
 
 /// MT=1 (the 16-row decode hot path) runs two consumer groups of 8 warps on
-/// alternate tiles, except fp8 page64, which measured faster with one group
-/// of 16 warps and a 4-deep ring; MT=2 runs one group of 8 warps.
+/// alternate tiles with a 2-deep ring each, Q in shared memory, except fp8
+/// ps1, which keeps Q in registers (2-3 points faster; page64 fp8 spills
+/// that way). MT=2 runs one group of 8 warps, 4-deep ring. Measured in
+/// kernels/dev/NOTES.md (v5, v6).
 pub fn mla_shape(kernel: MlaKernel, fp8: bool, mt: usize) -> MlaShape {
     let bn = if fp8 { 64 } else { 32 };
     match (kernel, fp8, mt) {
-        (MlaKernel::Page64, true, 1) => MlaShape { warps: 16, groups: 1, bn, stages: 4, qsmem: false },
-        (_, _, 1) => MlaShape { warps: 16, groups: 2, bn, stages: 2, qsmem: true },
-        _ => MlaShape { warps: 8, groups: 1, bn, stages: 4, qsmem: false },
+        (MlaKernel::Ps1, true, 1) => MlaShape {
+            warps: 16,
+            groups: 2,
+            bn,
+            stages: 2,
+            qsmem: false,
+        },
+        (_, _, 1) => MlaShape {
+            warps: 16,
+            groups: 2,
+            bn,
+            stages: 2,
+            qsmem: true,
+        },
+        _ => MlaShape {
+            warps: 8,
+            groups: 1,
+            bn,
+            stages: 4,
+            qsmem: false,
+        },
     }
 }
 
 /// Dynamic shared memory of `ps1_fwd` / `page64_fwd` (kernels/ABI.md formula).
 pub fn mla_smem(fp8: bool, mt: usize, shape: MlaShape) -> u32 {
-    let MlaShape { groups, bn, stages, qsmem, .. } = shape;
+    let MlaShape {
+        groups,
+        bn,
+        stages,
+        qsmem,
+        ..
+    } = shape;
     let eb = if fp8 { 1 } else { 2 };
     let rows = 16 * mt;
     let per_group = stages * bn * (576 * eb + 16) + 4 * rows * (bn + 8) * 4 + rows * (bn + 8) * 2 + rows * 8;
@@ -77,7 +103,14 @@ pub fn ps1(hk: usize, fp8: bool, mt: usize) -> KernelSpec {
 }
 
 pub fn page64(hk: usize, fp8: bool, mt: usize) -> KernelSpec {
-    mla("page64.cu", &["page64_fwd", "page64_merge"], MlaKernel::Page64, hk, fp8, mt)
+    mla(
+        "page64.cu",
+        &["page64_fwd", "page64_merge"],
+        MlaKernel::Page64,
+        hk,
+        fp8,
+        mt,
+    )
 }
 
 pub fn merge() -> KernelSpec {
@@ -132,9 +165,9 @@ mod tests {
         let smem = |k, fp8, mt| mla_smem(fp8, mt, mla_shape(k, fp8, mt));
         use MlaKernel::{Page64, Ps1};
         assert_eq!(smem(Ps1, false, 1), 191_488);
-        assert_eq!(smem(Ps1, true, 1), 211_968);
+        assert_eq!(smem(Ps1, true, 1), 193_280);
         assert_eq!(smem(Page64, false, 1), 191_488);
-        assert_eq!(smem(Page64, true, 1), 172_416);
+        assert_eq!(smem(Page64, true, 1), 211_968);
         for k in [Ps1, Page64] {
             assert_eq!(smem(k, false, 2), 172_800);
             assert_eq!(smem(k, true, 2), 193_280);
