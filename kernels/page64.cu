@@ -7,7 +7,7 @@
 
 using namespace mla;
 
-// grid (HK/16, n_splits, B), block 256. Split s of a length-len sequence
+// grid (HK/16, n_splits, B), block 32*WARPS. Split s of a length-len sequence
 // covers [s*chunk, min((s+1)*chunk, len)), chunk = ceil(ceil(len/64)/n)*64.
 extern "C" __global__ void __launch_bounds__(mla::THREADS, 1)
     page64_fwd(const unsigned char* __restrict__ q, const unsigned char* __restrict__ kv,

@@ -1,5 +1,5 @@
-// The MLA decode core shared by ps1.cu and page64.cu: one CTA of 256 threads
-// streams a token range of one sequence's paged KV through a cp.async ring
+// The MLA decode core shared by ps1.cu and page64.cu: one CTA of THREADS
+// threads streams a token range of one sequence's paged KV through a cp.async ring
 // and computes softmax(Q K^T) V for up to 16*MT query-head rows with
 // mma.sync (bf16, or f16 from e4m3 for a8w8).
 //
@@ -7,15 +7,31 @@
 //   HK      kernel heads, multiple of 16, 16..128
 //   KV_FP8  0: bf16 Q/KV; 1: e4m3 Q/KV with per-tensor scales
 //   MT      16-row m-tiles per pass over the KV (1 or 2; default 1)
-//   STAGES  cp.async ring depth (default 4)
-//   WARPS   8 or 16 warps per CTA (default 16 for fp8 with MT=1, else 8)
+//   WARPS   8 or 16 warps per CTA (default 16 for MT=1, else 8)
+//   GROUPS  consumer groups per CTA (1 or 2; default 2 for MT=1, else 1).
+//           With 2, each group of WARPS/2 warps runs the algorithm below on
+//           alternate tiles (tile t -> group t%2) with its own cp.async ring,
+//           scratch, named barrier and online-softmax state, so one group's
+//           softmax overlaps the other's mma; the two (m, l, O) are merged in
+//           shared memory at the end.
+//   BN      tokens per tile (default 64 for fp8, 32 for bf16)
+//   STAGES  cp.async ring depth per group (default 2 with GROUPS=2, else 4)
 //   FP8_CVT e4m3 -> f16 method, see fp8.cuh
+//   QSMEM   1: Q (as f16 / bf16) sits in shared memory, shared by the groups,
+//           and each warp loads its A fragments with ldmatrix per k-step;
+//           0: each warp keeps its Q slice in registers (36 per m-tile).
+//           Default: 1 with GROUPS=2 (512 threads leave 128 registers each)
+//   IDX_AHEAD  tiles between a token's pool-index load and its cp.async
+//           issue (1 or 2; default 1)
+//   TILE_SPLIT with GROUPS=2: 0 = group g takes tiles g, g+2, ... (default);
+//           1 = group 0 the first half of the tiles, group 1 the second
 //
-// Warp roles: for S = Q K^T warp w owns dims [144*(w%4), +144) and the
+// Warp roles, within a group (w: warp of the group): for S = Q K^T warp w owns dims [144*(w%4), +144) and the
 // token group w/4 of the tile (split-K keeps its Q slice in registers; the
 // 4 partial S tiles are summed through shared memory); the softmax runs on
-// all threads, THREADS/(16*MT) per row; for O += P V warp w owns output dims
-// [DW*w, DW*(w+1)). The first 256 threads also issue the tile loads.
+// all threads of the group, GTHREADS/(16*MT) per row; for O += P V warp w
+// owns output dims [DW*w, DW*(w+1)). The group's first LD_THREADS threads
+// also issue its tile loads.
 #pragma once
 #include <cuda_bf16.h>
 
@@ -31,11 +47,26 @@
 #ifndef MT
 #define MT 1
 #endif
-#ifndef STAGES
-#define STAGES 4
-#endif
 #ifndef WARPS
-#define WARPS (MT == 1 && KV_FP8 ? 16 : 8)
+#define WARPS (MT == 1 ? 16 : 8)
+#endif
+#ifndef GROUPS
+#define GROUPS (MT == 1 && WARPS == 16 ? 2 : 1)
+#endif
+#ifndef BN
+#define BN (KV_FP8 ? 64 : 32)
+#endif
+#ifndef STAGES
+#define STAGES (GROUPS == 2 ? 2 : 4)
+#endif
+#ifndef IDX_AHEAD
+#define IDX_AHEAD 1
+#endif
+#ifndef QSMEM
+#define QSMEM (GROUPS == 2 ? 1 : 0)
+#endif
+#ifndef TILE_SPLIT
+#define TILE_SPLIT 0
 #endif
 
 static_assert(HK % 16 == 0 && HK >= 16 && HK <= 128, "HK must be a multiple of 16 in 16..128");
@@ -43,49 +74,78 @@ static_assert(MT == 1 || MT == 2, "MT must be 1 or 2");
 static_assert(STAGES >= 2 && STAGES <= 6, "STAGES must be 2..6");
 static_assert(WARPS == 8 || WARPS == 16, "WARPS must be 8 or 16");
 static_assert(MT == 1 || WARPS == 8, "MT=2 needs WARPS=8 (16 warps would spill)");
+static_assert(GROUPS == 1 || (GROUPS == 2 && WARPS == 16), "GROUPS=2 needs WARPS=16 (two groups of 8)");
+static_assert(BN == 16 || BN == 32 || BN == 64, "BN must be 16, 32 or 64");
+static_assert(IDX_AHEAD == 1 || IDX_AHEAD == 2, "IDX_AHEAD must be 1 or 2");
+static_assert(TILE_SPLIT == 0 || TILE_SPLIT == 1, "TILE_SPLIT must be 0 or 1");
+static_assert(QSMEM == 0 || QSMEM == 1, "QSMEM must be 0 or 1");
 
 namespace mla {
 
 constexpr int D_QK = 576;
 constexpr int D_V = 512;
 constexpr int THREADS = 32 * WARPS;
-constexpr int LD_THREADS = 256;                // threads that issue tile loads
+constexpr int GW = WARPS / GROUPS;             // warps per consumer group
+constexpr int GTHREADS = 32 * GW;              // threads per group
 constexpr int EB = KV_FP8 ? 1 : 2;             // bytes per element
 constexpr int ROW_BYTES = D_QK * EB;           // one KV / Q row in memory
 constexpr int RS = ROW_BYTES + 16;             // its shared-memory stride: ldmatrix conflict-free
-constexpr int BN = KV_FP8 ? 64 : 32;           // tokens per tile (~37 KB either way)
 constexpr int TILE_BYTES = BN * RS;
-constexpr int NWN = WARPS / 4;                 // token groups in S = Q K^T
+constexpr int NWN = GW / 4;                    // token groups in S = Q K^T
 constexpr int TW = BN / NWN;                   // tokens per warp in S
 constexpr int NT = TW / 8;                     // n8 tiles of S per warp
-constexpr int DW = D_V / WARPS;                // output dims per warp in O += P V
+constexpr int DW = D_V / GW;                   // output dims per warp in O += P V
 constexpr int NJ = DW / 8;                     // n8 tiles of O per warp
 constexpr int ROWS = 16 * MT;
 constexpr int SP_LD = BN + 8;                  // floats; 8-byte stores conflict-free
 constexpr int PS_LD = BN + 8;                  // 16-bit; ldmatrix conflict-free
-constexpr int TPR = THREADS / ROWS;            // softmax threads per row
+constexpr int TPR = GTHREADS / ROWS;           // softmax threads per row
 constexpr int TPT = BN / TPR;                  // tokens per softmax thread
-constexpr int LD_TPT = LD_THREADS / BN;        // loader threads per token
-constexpr int LD_CH = ROW_BYTES / 16 / LD_TPT; // 16-byte chunks per loader thread
-constexpr int OFF_SP = STAGES * TILE_BYTES;
-constexpr int OFF_PS = OFF_SP + 4 * ROWS * SP_LD * 4;
-constexpr int OFF_AL = OFF_PS + ROWS * PS_LD * 2;
-constexpr int OFF_L = OFF_AL + ROWS * 4;
-constexpr int SMEM_BYTES = OFF_L + ROWS * 4;
+constexpr int ROW_CH = ROW_BYTES / 16;         // 16-byte chunks per row
+__host__ __device__ constexpr int pick_ld_tpt(int cap) { return cap <= 1 ? 1 : (ROW_CH % cap == 0 ? cap : pick_ld_tpt(cap - 1)); }
+constexpr int LD_TPT = pick_ld_tpt((GTHREADS < 256 ? GTHREADS : 256) / BN);  // loader threads per token
+constexpr int LD_THREADS = BN * LD_TPT;        // threads of a group that issue tile loads
+constexpr int LD_CH = ROW_CH / LD_TPT;         // 16-byte chunks per loader thread
+constexpr int RING_BYTES = STAGES * TILE_BYTES;  // one group's ring
+constexpr int SCR_SP = 0;                        // offsets inside a group's scratch
+constexpr int SCR_PS = SCR_SP + 4 * ROWS * SP_LD * 4;
+constexpr int SCR_AL = SCR_PS + ROWS * PS_LD * 2;
+constexpr int SCR_L = SCR_AL + ROWS * 4;
+constexpr int SCR_BYTES = SCR_L + ROWS * 4;
+constexpr int OFF_SCR = GROUPS * RING_BYTES;     // group g's scratch at OFF_SCR + g * SCR_BYTES
+constexpr int OFF_Q = OFF_SCR + GROUPS * SCR_BYTES;
+constexpr int RSQ = D_QK * 2 + 16;               // Q row stride in shared memory (16-bit elements)
+constexpr int SMEM_BYTES = OFF_Q + (QSMEM ? ROWS * RSQ : 0);
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr float LN2 = 0.6931471805599453f;
 
 static_assert(LD_CH * LD_TPT * 16 == ROW_BYTES, "loader covers a row exactly");
+static_assert(LD_THREADS <= GTHREADS, "loaders are threads of the group");
+static_assert(NT >= 1 && NT <= 4 && NT != 3 && (!KV_FP8 || NT >= 2), "S tile shape");
+static_assert(NT <= 2 || KV_FP8, "bf16 S path handles 1 or 2 n8 tiles per warp");
+static_assert(GROUPS == 1 || ROWS * D_V * 4 <= RING_BYTES, "group 1's O fits its ring for the merge");
+static_assert(SCR_BYTES % 16 == 0 && RING_BYTES % 16 == 0, "16-byte aligned regions");
 static_assert(TPT == 1 || TPT == 2 || TPT == 4 || TPT == 8, "softmax vector width");
 static_assert(SMEM_BYTES <= 232448, "fits the sm_90 opt-in shared memory");
 
 __device__ __forceinline__ float ninf() { return -__int_as_float(0x7f800000); }
 
-// Stops a launch whose dynamic shared memory is smaller than the layout.
+// Barrier of one consumer group (named barrier 1 + grp over its threads), or
+// of the whole CTA with one group.
+__device__ __forceinline__ void group_sync(int grp) {
+  if constexpr (GROUPS == 1) {
+    __syncthreads();
+  } else {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(1 + grp), "n"(GTHREADS) : "memory");
+  }
+}
+
+// Stops a launch whose dynamic shared memory is smaller than the layout or
+// whose block is not THREADS wide (host and defines disagree).
 __device__ __forceinline__ void check_smem() {
   unsigned dyn;
   asm volatile("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(dyn));
-  if (dyn < static_cast<unsigned>(SMEM_BYTES)) __trap();
+  if (dyn < static_cast<unsigned>(SMEM_BYTES) || blockDim.x != THREADS) __trap();
 }
 
 // Tokens of a rank's shard of a length-L sequence (SPEC section 1).
@@ -113,22 +173,61 @@ __device__ __forceinline__ long long pool_row(const int* __restrict__ idx, int j
 }
 
 // Runs one pass. Outputs go to `o` (bf16) or, with `to_part`, to `part_o`
-// (f32); `lse` is the matching LSE array. Must be called by all 256 threads.
+// (f32); `lse` is the matching LSE array. Must be called by all THREADS threads.
 template <int PAGE>
 __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char* __restrict__ q,
                        const unsigned char* __restrict__ kv, const int* __restrict__ idx, float scale_log2,
                        float out_scale, bool to_part, __nv_bfloat16* __restrict__ o,
                        float* __restrict__ part_o, float* __restrict__ lse) {
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  // Everything below is per consumer group: tid and warp count within it.
+  const int grp = GROUPS == 1 ? 0 : static_cast<int>(threadIdx.x) / GTHREADS;
+  const int tid = static_cast<int>(threadIdx.x) - grp * GTHREADS, lane = tid & 31, warp = tid >> 5;
   const int kw = warp & 3, nw = warp >> 2, g = lane >> 2, qd = lane & 3;
   const int li = lane >> 3, lr = lane & 7;  // ldmatrix: which 8x8 matrix, which row
-  float* sp = reinterpret_cast<float*>(smem + OFF_SP);
-  unsigned short* psm = reinterpret_cast<unsigned short*>(smem + OFF_PS);
-  float* alpha_s = reinterpret_cast<float*>(smem + OFF_AL);
-  float* l_s = reinterpret_cast<float*>(smem + OFF_L);
-  const unsigned smem0 = smem_u32(smem);
+  unsigned char* scr = smem + OFF_SCR + grp * SCR_BYTES;
+  float* sp = reinterpret_cast<float*>(scr + SCR_SP);
+  unsigned short* psm = reinterpret_cast<unsigned short*>(scr + SCR_PS);
+  float* alpha_s = reinterpret_cast<float*>(scr + SCR_AL);
+  float* l_s = reinterpret_cast<float*>(scr + SCR_L);
+  const unsigned smem0 = smem_u32(smem + grp * RING_BYTES);
   const unsigned ps_base = smem_u32(psm);
 
+#if QSMEM
+  // Q of the pass into shared memory as 16-bit values, rows of RSQ bytes.
+  // fp8: each 16-element chunk is stored permuted the way qk_cvt pairs K
+  // (columns 2j, 2j+1 hold elements 4j, 4j+1; columns 8+2j, 9+2j hold 4j+2,
+  // 4j+3), so a standard ldmatrix A load matches the K fragments.
+  {
+    unsigned char* qs = smem + OFF_Q;
+#if KV_FP8
+    for (int i = threadIdx.x; i < ROWS * 144; i += THREADS) {
+      const int r = i / 144, ch = (i % 144) >> 2, j = i & 3;
+      const bool hi = MT > 1 && r >= 16;
+      unsigned x = 0u, y = 0u;
+      if (hi ? ps.valid[MT - 1] : ps.valid[0]) {
+        const long long qr = (hi ? ps.q_row[MT - 1] : ps.q_row[0]) + (r & 15);
+        qk_cvt(ldg_u32(q + qr * ROW_BYTES + ch * 16 + 4 * j), x, y);
+      }
+      unsigned* dst = reinterpret_cast<unsigned*>(qs + r * RSQ + ch * 32);
+      dst[j] = x;
+      dst[4 + j] = y;
+    }
+#else
+    for (int i = threadIdx.x; i < ROWS * 72; i += THREADS) {
+      const int r = i / 72, ch = i % 72;
+      const bool hi = MT > 1 && r >= 16;
+      uint4 v = make_uint4(0u, 0u, 0u, 0u);
+      if (hi ? ps.valid[MT - 1] : ps.valid[0]) {
+        const long long qr = (hi ? ps.q_row[MT - 1] : ps.q_row[0]) + (r & 15);
+        v = __ldg(reinterpret_cast<const uint4*>(q + qr * ROW_BYTES + ch * 16));
+      }
+      *reinterpret_cast<uint4*>(qs + r * RSQ + ch * 16) = v;
+    }
+#endif
+    __syncthreads();
+  }
+  const unsigned q_base = smem_u32(smem + OFF_Q) + (lane & 15) * RSQ + (kw * 144 + (lane >> 4) * 8) * 2;
+#else
   // Q fragments of this warp's 144-dim slice, for every m-tile.
   unsigned qf[MT][9][4];
 #pragma unroll
@@ -155,13 +254,25 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
     }
   }
 
-  // Loader role: one token per thread, LD_CH 16-byte chunks of it.
-  const int ntiles = ps.t1 > ps.t0 ? (ps.t1 - ps.t0 + BN - 1) / BN : 0;
+#endif
+
+  // Loader role: one token per thread, LD_CH 16-byte chunks of it. Local
+  // tile u of this group is tile grp + GROUPS*u of the pass.
+  const int ntiles_all = ps.t1 > ps.t0 ? (ps.t1 - ps.t0 + BN - 1) / BN : 0;
+  const int half = (ntiles_all + 1) / 2;  // TILE_SPLIT=1: group 0's share
+  const int ntiles = GROUPS == 1  ? ntiles_all
+                     : TILE_SPLIT ? (grp ? ntiles_all - half : half)
+                                  : (ntiles_all > grp ? (ntiles_all - grp + 1) / 2 : 0);
+  // first token of this group's local tile u
+  auto tok0 = [&](int u) -> int {
+    const int t = GROUPS == 1 ? u : TILE_SPLIT ? (grp ? half + u : u) : grp + 2 * u;
+    return ps.t0 + t * BN;
+  };
   const int ld_tok = tid / LD_TPT, ld_c = tid % LD_TPT;
   const unsigned ld_dst = smem0 + ld_tok * RS + ld_c * 16;
   const bool loader = tid < LD_THREADS;
   auto row_of = [&](int t) -> long long {
-    const int j = ps.t0 + t * BN + ld_tok;
+    const int j = tok0(t) + ld_tok;
     return (loader && t < ntiles && j < ps.t1) ? pool_row<PAGE>(idx, j) : -1ll;
   };
   auto issue = [&](int t, long long row) {
@@ -180,7 +291,10 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
     if (s < ntiles) issue(s, pre[s]);
     cp_async_commit();
   }
-  long long nrow = row_of(STAGES - 1);  // prefetched one tile ahead of its issue
+  long long nrow = row_of(STAGES - 1);  // prefetched IDX_AHEAD tiles ahead of its issue
+#if IDX_AHEAD == 2
+  long long nrow2 = row_of(STAGES);
+#endif
 
   float oacc[MT][NJ][4];
 #pragma unroll
@@ -195,12 +309,17 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
 
   for (int t = 0; t < ntiles; ++t) {
     cp_async_wait<STAGES - 2>();
-    __syncthreads();  // tile t landed for all; tile t-1's stage is free
+    group_sync(grp);  // tile t landed for all; tile t-1's stage is free
     {
       const int tn = t + STAGES - 1;
       if (tn < ntiles) issue(tn, nrow);
       cp_async_commit();
+#if IDX_AHEAD == 2
+      nrow = nrow2;
+      nrow2 = row_of(tn + 2);
+#else
       nrow = row_of(tn + 1);
+#endif
     }
     const unsigned kt = smem0 + (t % STAGES) * TILE_BYTES;
 
@@ -212,6 +331,18 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
       for (int n = 0; n < NT; ++n) sacc[mt][n][0] = sacc[mt][n][1] = sacc[mt][n][2] = sacc[mt][n][3] = 0.f;
 #pragma unroll
     for (int c = 0; c < 9; ++c) {
+      unsigned qa[MT][4];  // A fragments of k-step c
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+#if QSMEM
+        ldsm_x4(q_base + mt * 16 * RSQ + c * 32, qa[mt][0], qa[mt][1], qa[mt][2], qa[mt][3]);
+#else
+        qa[mt][0] = qf[mt][c][0];
+        qa[mt][1] = qf[mt][c][1];
+        qa[mt][2] = qf[mt][c][2];
+        qa[mt][3] = qf[mt][c][3];
+#endif
+      }
 #if KV_FP8
       unsigned w4[4];
       if constexpr (NT == 4) {
@@ -224,7 +355,7 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
         unsigned b0, b1;
         qk_cvt(w4[n], b0, b1);
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) mma_f16(sacc[mt][n], qf[mt][c], b0, b1);
+        for (int mt = 0; mt < MT; ++mt) mma_f16(sacc[mt][n], qa[mt], b0, b1);
       }
 #else
       if constexpr (NT == 2) {
@@ -232,14 +363,14 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
         ldsm_x4(kt + (nw * TW + (li >> 1) * 8 + lr) * RS + (kw * 144 + c * 16 + (li & 1) * 8) * 2, b0, b1, b2, b3);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          mma_bf16(sacc[mt][0], qf[mt][c], b0, b1);
-          mma_bf16(sacc[mt][NT - 1], qf[mt][c], b2, b3);
+          mma_bf16(sacc[mt][0], qa[mt], b0, b1);
+          mma_bf16(sacc[mt][NT - 1], qa[mt], b2, b3);
         }
       } else {
         unsigned b0, b1;
         ldsm_x2(kt + (nw * TW + lr) * RS + (kw * 144 + c * 16 + (li & 1) * 8) * 2, b0, b1);
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) mma_bf16(sacc[mt][0], qf[mt][c], b0, b1);
+        for (int mt = 0; mt < MT; ++mt) mma_bf16(sacc[mt][0], qa[mt], b0, b1);
       }
 #endif
     }
@@ -251,7 +382,7 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
         *reinterpret_cast<float2*>(dst) = make_float2(sacc[mt][n][0], sacc[mt][n][1]);
         *reinterpret_cast<float2*>(dst + 8 * SP_LD) = make_float2(sacc[mt][n][2], sacc[mt][n][3]);
       }
-    __syncthreads();
+    group_sync(grp);
 
     // ---- online softmax of row sr over this tile
     {
@@ -278,7 +409,7 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
           }
         }
       }
-      const int tb = ps.t0 + t * BN + sc;
+      const int tb = tok0(t) + sc;
       float mx = ninf();
 #pragma unroll
       for (int e = 0; e < TPT; ++e) {
@@ -318,7 +449,7 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
       m_run = m_new;
       if ((tid % TPR) == 0) alpha_s[sr] = alpha;
     }
-    __syncthreads();
+    group_sync(grp);
 
     // ---- O = alpha * O + P V over this warp's 64 output dims
 #pragma unroll
@@ -374,54 +505,110 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
   }
   cp_async_wait<0>();
 
-  // ---- epilogue: LSE from the softmax threads, O from the PV warps
-  if ((tid % TPR) == 0) {
-    l_s[sr] = l_run;
+  // ---- epilogue: LSE from the softmax threads, O from the PV warps.
+  // With two groups, both publish (m, l) per row and group 1 its O (into its
+  // own ring, free now); group 0 rescales both to the common max and stores.
+  // fin[r] = weight of group 0's O of row r, fin[ROWS + r] = of group 1's,
+  // fin[2*ROWS + r] = the merged l (one group: weight 1, l).
+  float* fin = sp;  // group 0's S scratch, unused after the loop
+  if constexpr (GROUPS == 2) {
+    group_sync(grp);  // this group's ring and scratch are no longer read
+    if ((tid % TPR) == 0) {
+      alpha_s[sr] = m_run;
+      l_s[sr] = l_run;
+    }
+    if (grp == 1) {
+      float* o1 = reinterpret_cast<float*>(smem + RING_BYTES);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int j = 0; j < NJ; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) o1[((mt * NJ + j) * 4 + e) * GTHREADS + tid] = oacc[mt][j][e];
+    }
+    __syncthreads();
+    if (grp == 0 && (tid % TPR) == 0) {
+      const float* scr1 = reinterpret_cast<const float*>(smem + OFF_SCR + SCR_BYTES);
+      const float m1 = scr1[SCR_AL / 4 + sr], l1 = scr1[SCR_L / 4 + sr];
+      const float m = fmaxf(m_run, m1);
+      const float m_use = (m == ninf()) ? 0.f : m;
+      const float a0 = exp2f(m_run - m_use), a1 = exp2f(m1 - m_use);
+      m_run = m;
+      l_run = l_run * a0 + l1 * a1;
+      fin[sr] = a0;
+      fin[ROWS + sr] = a1;
+      fin[2 * ROWS + sr] = l_run;
+    }
+  } else {
+    if ((tid % TPR) == 0) {
+      fin[sr] = 1.f;
+      fin[2 * ROWS + sr] = l_run;
+    }
+  }
+  if (grp == 0 && (tid % TPR) == 0) {
     const bool hi = MT > 1 && sr >= 16;  // selects, not a run-time index: keeps ps in registers
     const int valid = hi ? ps.valid[MT - 1] : ps.valid[0];
     const long long orow = hi ? ps.o_row[MT - 1] : ps.o_row[0];
     if (valid) lse[orow + (sr & 15)] = l_run > 0.f ? (m_run + log2f(l_run)) * LN2 : ninf();
   }
-  __syncthreads();
+  group_sync(grp);
+  if (grp == 0) {
+    if constexpr (GROUPS == 2) {
+      const float* o1 = reinterpret_cast<const float*>(smem + RING_BYTES);
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-    if (!ps.valid[mt]) continue;
-    const float l0 = l_s[mt * 16 + g], l8 = l_s[mt * 16 + g + 8];
-    const float i0 = l0 > 0.f ? out_scale / l0 : 0.f, i8 = l8 > 0.f ? out_scale / l8 : 0.f;
-    const long long row0 = ps.o_row[mt] + g, row8 = row0 + 8;
-#if KV_FP8
-    // n8 tile (block D, parity e) column n holds dim D + 2n + e, so this
-    // thread owns dims D + 4qd .. +3 of rows g and g+8.
+      for (int mt = 0; mt < MT; ++mt) {
+        const float a0 = fin[mt * 16 + g], a8 = fin[mt * 16 + g + 8];
+        const float b0 = fin[ROWS + mt * 16 + g], b8 = fin[ROWS + mt * 16 + g + 8];
 #pragma unroll
-    for (int j = 0; j < NJ; j += 2) {
-      const int dim = warp * DW + (j >> 2) * 32 + ((j >> 1) & 1) * 16 + 4 * qd;
-      const float* ev = oacc[mt][j];
-      const float* od = oacc[mt][j + 1];
-      const float4 v0 = make_float4(ev[0] * i0, od[0] * i0, ev[1] * i0, od[1] * i0);
-      const float4 v8 = make_float4(ev[2] * i8, od[2] * i8, ev[3] * i8, od[3] * i8);
-      if (to_part) {
-        *reinterpret_cast<float4*>(part_o + row0 * D_V + dim) = v0;
-        *reinterpret_cast<float4*>(part_o + row8 * D_V + dim) = v8;
-      } else {
-        *reinterpret_cast<uint2*>(o + row0 * D_V + dim) = make_uint2(pack_bf16x2(v0.x, v0.y), pack_bf16x2(v0.z, v0.w));
-        *reinterpret_cast<uint2*>(o + row8 * D_V + dim) = make_uint2(pack_bf16x2(v8.x, v8.y), pack_bf16x2(v8.z, v8.w));
+        for (int j = 0; j < NJ; ++j) {
+          const float* src = o1 + (mt * NJ + j) * 4 * GTHREADS + tid;
+          oacc[mt][j][0] = oacc[mt][j][0] * a0 + src[0] * b0;
+          oacc[mt][j][1] = oacc[mt][j][1] * a0 + src[GTHREADS] * b0;
+          oacc[mt][j][2] = oacc[mt][j][2] * a8 + src[2 * GTHREADS] * b8;
+          oacc[mt][j][3] = oacc[mt][j][3] * a8 + src[3 * GTHREADS] * b8;
+        }
       }
     }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      if (!ps.valid[mt]) continue;
+      const float l0 = fin[2 * ROWS + mt * 16 + g], l8 = fin[2 * ROWS + mt * 16 + g + 8];
+      const float i0 = l0 > 0.f ? out_scale / l0 : 0.f, i8 = l8 > 0.f ? out_scale / l8 : 0.f;
+      const long long row0 = ps.o_row[mt] + g, row8 = row0 + 8;
+#if KV_FP8
+      // n8 tile (block D, parity e) column n holds dim D + 2n + e, so this
+      // thread owns dims D + 4qd .. +3 of rows g and g+8.
+#pragma unroll
+      for (int j = 0; j < NJ; j += 2) {
+        const int dim = warp * DW + (j >> 2) * 32 + ((j >> 1) & 1) * 16 + 4 * qd;
+        const float* ev = oacc[mt][j];
+        const float* od = oacc[mt][j + 1];
+        const float4 v0 = make_float4(ev[0] * i0, od[0] * i0, ev[1] * i0, od[1] * i0);
+        const float4 v8 = make_float4(ev[2] * i8, od[2] * i8, ev[3] * i8, od[3] * i8);
+        if (to_part) {
+          *reinterpret_cast<float4*>(part_o + row0 * D_V + dim) = v0;
+          *reinterpret_cast<float4*>(part_o + row8 * D_V + dim) = v8;
+        } else {
+          *reinterpret_cast<uint2*>(o + row0 * D_V + dim) = make_uint2(pack_bf16x2(v0.x, v0.y), pack_bf16x2(v0.z, v0.w));
+          *reinterpret_cast<uint2*>(o + row8 * D_V + dim) = make_uint2(pack_bf16x2(v8.x, v8.y), pack_bf16x2(v8.z, v8.w));
+        }
+      }
 #else
 #pragma unroll
-    for (int j = 0; j < NJ; ++j) {
-      const int dim = warp * DW + j * 8 + 2 * qd;
-      const float* c = oacc[mt][j];
-      if (to_part) {
-        *reinterpret_cast<float2*>(part_o + row0 * D_V + dim) = make_float2(c[0] * i0, c[1] * i0);
-        *reinterpret_cast<float2*>(part_o + row8 * D_V + dim) = make_float2(c[2] * i8, c[3] * i8);
-      } else {
-        *reinterpret_cast<unsigned*>(o + row0 * D_V + dim) = pack_bf16x2(c[0] * i0, c[1] * i0);
-        *reinterpret_cast<unsigned*>(o + row8 * D_V + dim) = pack_bf16x2(c[2] * i8, c[3] * i8);
+      for (int j = 0; j < NJ; ++j) {
+        const int dim = warp * DW + j * 8 + 2 * qd;
+        const float* c = oacc[mt][j];
+        if (to_part) {
+          *reinterpret_cast<float2*>(part_o + row0 * D_V + dim) = make_float2(c[0] * i0, c[1] * i0);
+          *reinterpret_cast<float2*>(part_o + row8 * D_V + dim) = make_float2(c[2] * i8, c[3] * i8);
+        } else {
+          *reinterpret_cast<unsigned*>(o + row0 * D_V + dim) = pack_bf16x2(c[0] * i0, c[1] * i0);
+          *reinterpret_cast<unsigned*>(o + row8 * D_V + dim) = pack_bf16x2(c[2] * i8, c[3] * i8);
+        }
       }
-    }
 #endif
-  }
+    }
+  }  // grp == 0
   __syncthreads();  // the next pass reuses the shared buffers
 }
 

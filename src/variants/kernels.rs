@@ -4,9 +4,6 @@
 
 use crate::backend::cuda::KernelSpec;
 
-/// cp.async ring depth the MLA kernels are built with (ABI default).
-pub const MLA_STAGES: usize = 4;
-
 /// 16-row m-tiles per pass: 1 for the 16-row decode hot path, else 2 (kernels/ABI.md).
 pub fn mla_mt(kernel_heads: usize, s_q: usize) -> usize {
     if kernel_heads * s_q == 16 {
@@ -16,36 +13,104 @@ pub fn mla_mt(kernel_heads: usize, s_q: usize) -> usize {
     }
 }
 
-/// Warps per CTA of `ps1_fwd` / `page64_fwd`: 16 for fp8 at MT=1, else 8
-/// (kernels/ABI.md; measured per dtype in kernels/dev/NOTES.md).
-pub fn mla_warps(fp8: bool, mt: usize) -> usize {
-    if fp8 && mt == 1 {
-        16
-    } else {
-        8
+/// The two MLA decode kernels; each has its own shape table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MlaKernel {
+    Ps1,
+    Page64,
+}
+
+/// The launch shape of `ps1_fwd` / `page64_fwd`, passed to the kernel as
+/// `-D` defines so host and kernel agree by construction (kernels/ABI.md;
+/// measured in kernels/dev/NOTES.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MlaShape {
+    /// Warps per CTA (all groups): the block is `32 * warps` threads.
+    pub warps: usize,
+    /// Consumer groups, each with its own cp.async ring (1 or 2).
+    pub groups: usize,
+    /// Tokens per tile.
+    pub bn: usize,
+    /// cp.async ring depth per group.
+    pub stages: usize,
+    /// Q staged in shared memory (`QSMEM=1`) instead of registers.
+    pub qsmem: bool,
+}
+
+/// MT=1 (the 16-row decode hot path) runs two consumer groups of 8 warps on
+/// alternate tiles with a 2-deep ring each, Q in shared memory, except fp8
+/// ps1, which keeps Q in registers (2-3 points faster; page64 fp8 spills
+/// that way). MT=2 runs one group of 8 warps, 4-deep ring. Measured in
+/// kernels/dev/NOTES.md (v5, v6).
+pub fn mla_shape(kernel: MlaKernel, fp8: bool, mt: usize) -> MlaShape {
+    let bn = if fp8 { 64 } else { 32 };
+    match (kernel, fp8, mt) {
+        (MlaKernel::Ps1, true, 1) => MlaShape {
+            warps: 16,
+            groups: 2,
+            bn,
+            stages: 2,
+            qsmem: false,
+        },
+        (_, _, 1) => MlaShape {
+            warps: 16,
+            groups: 2,
+            bn,
+            stages: 2,
+            qsmem: true,
+        },
+        _ => MlaShape {
+            warps: 8,
+            groups: 1,
+            bn,
+            stages: 4,
+            qsmem: false,
+        },
     }
 }
 
 /// Dynamic shared memory of `ps1_fwd` / `page64_fwd` (kernels/ABI.md formula).
-pub fn mla_smem(fp8: bool, mt: usize) -> u32 {
-    let (eb, bn) = if fp8 { (1, 64) } else { (2, 32) };
+pub fn mla_smem(fp8: bool, mt: usize, shape: MlaShape) -> u32 {
+    let MlaShape {
+        groups,
+        bn,
+        stages,
+        qsmem,
+        ..
+    } = shape;
+    let eb = if fp8 { 1 } else { 2 };
     let rows = 16 * mt;
-    (MLA_STAGES * bn * (576 * eb + 16) + 4 * rows * (bn + 8) * 4 + rows * (bn + 8) * 2 + rows * 8) as u32
+    let per_group = stages * bn * (576 * eb + 16) + 4 * rows * (bn + 8) * 4 + rows * (bn + 8) * 2 + rows * 8;
+    let q = if qsmem { rows * (576 * 2 + 16) } else { 0 };
+    (groups * per_group + q) as u32
 }
 
-fn mla(file: &'static str, entries: &[&'static str], hk: usize, fp8: bool, mt: usize) -> KernelSpec {
+fn mla(file: &'static str, entries: &[&'static str], kernel: MlaKernel, hk: usize, fp8: bool, mt: usize) -> KernelSpec {
+    let sh = mla_shape(kernel, fp8, mt);
     KernelSpec::new(file, entries)
         .define("HK", hk)
         .define("KV_FP8", fp8 as u8)
         .define("MT", mt)
+        .define("WARPS", sh.warps)
+        .define("GROUPS", sh.groups)
+        .define("BN", sh.bn)
+        .define("STAGES", sh.stages)
+        .define("QSMEM", sh.qsmem as u8)
 }
 
 pub fn ps1(hk: usize, fp8: bool, mt: usize) -> KernelSpec {
-    mla("ps1.cu", &["ps1_fwd", "ps1_reduce"], hk, fp8, mt)
+    mla("ps1.cu", &["ps1_fwd", "ps1_reduce"], MlaKernel::Ps1, hk, fp8, mt)
 }
 
 pub fn page64(hk: usize, fp8: bool, mt: usize) -> KernelSpec {
-    mla("page64.cu", &["page64_fwd", "page64_merge"], hk, fp8, mt)
+    mla(
+        "page64.cu",
+        &["page64_fwd", "page64_merge"],
+        MlaKernel::Page64,
+        hk,
+        fp8,
+        mt,
+    )
 }
 
 pub fn merge() -> KernelSpec {
@@ -97,10 +162,24 @@ mod tests {
 
     #[test]
     fn smem_matches_the_abi_tables() {
-        assert_eq!(mla_smem(false, 1), 161_152);
-        assert_eq!(mla_smem(false, 2), 172_800);
-        assert_eq!(mla_smem(true, 1), 172_416);
-        assert_eq!(mla_smem(true, 2), 193_280);
+        let smem = |k, fp8, mt| mla_smem(fp8, mt, mla_shape(k, fp8, mt));
+        use MlaKernel::{Page64, Ps1};
+        assert_eq!(smem(Ps1, false, 1), 191_488);
+        assert_eq!(smem(Ps1, true, 1), 193_280);
+        assert_eq!(smem(Page64, false, 1), 191_488);
+        assert_eq!(smem(Page64, true, 1), 211_968);
+        for k in [Ps1, Page64] {
+            assert_eq!(smem(k, false, 2), 172_800);
+            assert_eq!(smem(k, true, 2), 193_280);
+            for fp8 in [false, true] {
+                for mt in [1, 2] {
+                    assert!(smem(k, fp8, mt) <= 232_448);
+                    let sh = mla_shape(k, fp8, mt);
+                    assert_eq!(sh.warps % (4 * sh.groups), 0);
+                    assert!(mt == 1 || sh.warps == 8);
+                }
+            }
+        }
         assert_eq!([16, 32, 64, 128].map(v4_smem), [144_064, 182_656, 218_880, 218_880]);
         assert_eq!([16, 32, 64, 128].map(v4_groups), [1, 1, 1, 2]);
     }
