@@ -33,7 +33,7 @@ step mla smoke run scenarios/smoke.toml --min-time-ms 20
 step mla kimi-k3-dcp8 run scenarios/kimi-k3-dcp8.toml --min-time-ms 20
 step mla mla-bandwidth run scenarios/mla-bandwidth.toml --check-rows 16
 step v4 dsv4-pro run scenarios/dsv4-pro.toml --check-rows 32 --min-time-ms 20
-step v4 dsv4-splits splits scenarios/dsv4-pro.toml --check-rows 8 --min-samples 5 --min-time-ms 5
+step v4 dsv4-splits splits scenarios/dsv4-pro.toml --check-rows 8 --min-samples 10 --min-time-ms 20
 step mla mla-sweep run scenarios/mla-sweep.toml --no-timing --check-rows 64
 step v4 v4-sweep run scenarios/v4-sweep.toml --no-timing --check-rows 32
 cat "$R/device.txt"
