@@ -314,6 +314,27 @@ fn partition_bound(p: usize, total: usize, parts: usize) -> usize {
     (p as u128 * total as u128 / parts as u128) as usize
 }
 
+/// Fewest tokens an hca_persist partition holds (kernel define `HCA_MIN_TOKENS`).
+pub const HCA_MIN_TOKENS: usize = 64;
+
+/// The partitions one hca_persist call really uses, as the kernel computes
+/// them (`effective_parts` in kernels/hca_persist.cu): at most the
+/// workspace's `p`, one CTA per SM per head group, and `HCA_MIN_TOKENS`
+/// tokens each; at least one. Small calls thus skip most CTAs instead of
+/// paying a merge per few tokens.
+pub fn hca_effective_partitions(p: usize, total: usize, cus: usize, heads: usize) -> usize {
+    let groups = heads.max(1).div_ceil(HEADS_PER_CTA);
+    p.min(cus / groups).min(total.div_ceil(HCA_MIN_TOKENS)).max(1)
+}
+
+/// The plan of one call: [`hca_partition_plan`] over the effective partitions.
+pub fn hca_call_plan(lens: &[usize], p: usize, cus: usize, heads: usize) -> Result<HcaPlan, String> {
+    if p == 0 {
+        return Err("hca_persist needs at least one partition (P=0)".into());
+    }
+    hca_partition_plan(lens, hca_effective_partitions(p, lens.iter().sum(), cus, heads))
+}
+
 /// Plans the persistent split over `p` partitions for rows of length `lens`.
 pub fn hca_partition_plan(lens: &[usize], p: usize) -> Result<HcaPlan, String> {
     if p == 0 {
@@ -636,6 +657,14 @@ mod tests {
 
     #[test]
     fn hca_plan_edge_cases() {
+        // The kernel's effective count: 128 slots, 132 SMs over 2 head groups,
+        // 64 tokens a partition.
+        assert_eq!(hca_effective_partitions(128, 1 << 20, 132, 128), 66);
+        assert_eq!(hca_effective_partitions(128, 1000, 132, 128), 16);
+        assert_eq!(hca_effective_partitions(8, 1 << 20, 132, 128), 8);
+        assert_eq!(hca_effective_partitions(128, 0, 132, 128), 1);
+        assert_eq!(hca_call_plan(&[500, 300], 128, 132, 128).unwrap().partitions, 13);
+        assert!(hca_call_plan(&[4], 0, 132, 128).is_err());
         assert!(hca_partition_plan(&[4], 0).is_err());
         let plan = hca_partition_plan(&[0, 0, 0], 4).unwrap();
         assert!(plan.pieces.is_empty());

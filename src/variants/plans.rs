@@ -3,7 +3,7 @@
 
 use crate::case::{Case, CaseParams, Dtype, LayerType, MlaParams, V4Params};
 use crate::plan::gate::{mla_gate, GateInput};
-use crate::plan::v4::{hca_gates, hca_partition_plan, kv_len_bound, v4_split_plan, HcaPlan, SplitPlan};
+use crate::plan::v4::{hca_call_plan, hca_gates, kv_len_bound, v4_split_plan, HcaPlan, SplitPlan};
 use crate::plan::worklist::{build_worklist, WorkList};
 use crate::plan::{heads, split, PlanError};
 use crate::workload::{dcp, Workload};
@@ -182,8 +182,8 @@ fn mla_plan(case: &Case, p: &MlaParams) -> Result<VariantPlan, PlanError> {
 fn v4_plan(case: &Case, p: &V4Params, fallback: bool) -> Result<VariantPlan, PlanError> {
     if case.variant == VariantId::HcaPersist && !fallback {
         let lens: Vec<usize> = p.positions.iter().map(|&pos| v4_row_len(p, pos)).collect();
-        let plan =
-            hca_partition_plan(&lens, case.v4.partitions).map_err(|what| PlanError { case: case.key(), what })?;
+        let plan = hca_call_plan(&lens, case.v4.partitions, case.cus, p.kernel_heads())
+            .map_err(|what| PlanError { case: case.key(), what })?;
         return Ok(VariantPlan::HcaPersist {
             partitions: case.v4.partitions,
             plan,
@@ -242,7 +242,12 @@ pub fn summary(plan: &VariantPlan) -> String {
         }
         VariantPlan::DcpCombine(c) => format!("W={} h{}", c.world, c.heads),
         VariantPlan::V4Split(s) => format!("n={} ({:?})", s.n, s.source),
-        VariantPlan::HcaPersist { partitions, plan } => format!("P={partitions} split-rows={}", plan.split_rows),
+        VariantPlan::HcaPersist { partitions, plan } => {
+            format!(
+                "P={partitions} (uses {}) split-rows={}",
+                plan.partitions, plan.split_rows
+            )
+        }
         VariantPlan::SplitMerge(s) => format!("n={} sink", s.n),
     }
 }

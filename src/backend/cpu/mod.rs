@@ -553,10 +553,11 @@ impl Backend for CpuBackend {
                     plan
                 } else {
                     let lens: Vec<usize> = (0..ws.p.rows).map(|i| ws.row_len(i)).collect();
-                    replanned = match crate::plan::v4::hca_partition_plan(&lens, *partitions) {
-                        Ok(p) => p,
-                        Err(e) => return Err(BackendError::Failed(format!("hca plan of a replay: {e}"))),
-                    };
+                    replanned =
+                        match crate::plan::v4::hca_call_plan(&lens, *partitions, req.case.cus, ws.p.kernel_heads()) {
+                            Ok(p) => p,
+                            Err(e) => return Err(BackendError::Failed(format!("hca plan of a replay: {e}"))),
+                        };
                     &replanned
                 };
                 Ok(rename(run_hca(ws, plan, req.rows), suffix))
