@@ -28,6 +28,8 @@ pub enum Command {
     Kernels(KernelsArgs),
     /// Time v4_split at every n in 1..=16, the heuristic's pick and hca_persist.
     Splits(SplitsArgs),
+    /// Compare a run with a baseline: speed and check status per (case, variant); exit 1 on a regression.
+    Compare(CompareArgs),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -66,6 +68,40 @@ pub struct RunArgs {
     /// Print only the final summary line.
     #[arg(long, short)]
     pub quiet: bool,
+    /// Compare with this baseline (a run directory or its rows.csv) and exit 1
+    /// on a regression; the comparison is also written to the run's compare.md.
+    #[arg(long, value_name = "RUN")]
+    pub baseline: Option<PathBuf>,
+    #[command(flatten)]
+    pub regression: RegressionGate,
+}
+
+#[derive(Args, Debug)]
+pub struct CompareArgs {
+    /// Baseline: a run directory or its rows.csv (e.g. results/h200/mla-bandwidth).
+    pub baseline: PathBuf,
+    /// Candidate: a run directory or its rows.csv.
+    pub candidate: PathBuf,
+    #[command(flatten)]
+    pub regression: RegressionGate,
+}
+
+/// When a comparison with a baseline fails.
+#[derive(Args, Debug)]
+pub struct RegressionGate {
+    /// A time change counts past this many percent, and only outside the
+    /// baseline's p10..p90.
+    #[arg(long, default_value_t = 5.0, value_name = "PCT")]
+    pub threshold: f64,
+    /// Timed region to compare: variant (kernel + merge/reduce) or kernel.
+    #[arg(long, default_value = "variant")]
+    pub region: String,
+    /// Also write the comparison as Markdown to FILE (a pull-request comment).
+    #[arg(long, value_name = "FILE")]
+    pub markdown: Option<PathBuf>,
+    /// Changed rows listed in the terminal table.
+    #[arg(long, default_value_t = 40, value_name = "N")]
+    pub show: usize,
 }
 
 #[derive(Args, Debug)]

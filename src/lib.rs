@@ -7,6 +7,7 @@ pub mod app;
 pub mod backend;
 pub mod case;
 pub mod cli;
+pub mod compare;
 pub mod error;
 pub mod metrics;
 pub mod plan;

@@ -14,6 +14,7 @@ fn run() -> anyhow::Result<u8> {
         Command::Device(a) => app::device(a),
         Command::Kernels(a) => app::kernels(a),
         Command::Splits(a) => app::splits(a),
+        Command::Compare(a) => app::compare(a),
     }
 }
 

@@ -263,3 +263,93 @@ fn splits_on_the_cpu_writes_a_study_per_workload() {
     assert_eq!(rows.len(), 17, "16 fixed plans and hca_persist, each checked");
     assert!(rows.iter().all(|r| r["status"] == "pass"));
 }
+
+#[test]
+fn run_against_a_baseline_fails_on_a_slowdown_and_writes_compare_md() {
+    let out = tempfile::tempdir().unwrap();
+    let filter = ["--case", "mla-b3-cu8-200-h16x1-s1-q1-bf16"];
+    bin()
+        .args([
+            "run",
+            "scenarios/smoke.toml",
+            "--backend",
+            "cpu",
+            "--run-id",
+            "base",
+            "--out",
+        ])
+        .arg(out.path())
+        .args(filter)
+        .assert()
+        .code(0);
+    let base = out.path().join("base");
+    // The same run judged against itself with a wide threshold: no regression.
+    bin()
+        .args([
+            "run",
+            "scenarios/smoke.toml",
+            "--backend",
+            "cpu",
+            "--run-id",
+            "same",
+            "--threshold",
+            "1000",
+            "--out",
+        ])
+        .arg(out.path())
+        .args(filter)
+        .arg("--baseline")
+        .arg(&base)
+        .assert()
+        .code(0);
+    let md = std::fs::read_to_string(out.path().join("same/compare.md")).unwrap();
+    assert!(md.starts_with("## mlabench: no regression"), "{md}");
+
+    // A baseline 1000x faster than anything real: every timed row is slower.
+    let csv = std::fs::read_to_string(base.join("rows.csv")).unwrap();
+    let mut r = ::csv::Reader::from_reader(csv.as_bytes());
+    let header = r.headers().unwrap().clone();
+    let mut w = ::csv::Writer::from_writer(Vec::new());
+    w.write_record(&header).unwrap();
+    for rec in r.records() {
+        let rec = rec.unwrap();
+        let cells: Vec<String> = rec
+            .iter()
+            .zip(header.iter())
+            .map(|(v, h)| match (h.ends_with("_ms"), v.parse::<f64>()) {
+                (true, Ok(x)) => (x / 1000.0).to_string(),
+                _ => v.to_string(),
+            })
+            .collect();
+        w.write_record(&cells).unwrap();
+    }
+    let fast = out.path().join("fast.csv");
+    std::fs::write(&fast, w.into_inner().unwrap()).unwrap();
+    let o = bin()
+        .args(["compare"])
+        .arg(&fast)
+        .arg(&base)
+        .assert()
+        .code(1)
+        .get_output()
+        .stdout
+        .clone();
+    let s = String::from_utf8_lossy(&o);
+    assert!(s.contains("SLOWER") && s.contains("slower"), "{s}");
+
+    // Bad input is exit 2, before anything runs.
+    bin()
+        .args([
+            "run",
+            "scenarios/smoke.toml",
+            "--backend",
+            "cpu",
+            "--baseline",
+            "no/such/run",
+            "--out",
+        ])
+        .arg(out.path())
+        .assert()
+        .code(2)
+        .stderr(predicates::str::contains("no/such/run"));
+}

@@ -18,9 +18,9 @@ const NOTE_MIN_WIDTH: u16 = 24;
 /// How to draw: `tty` turns on color and terminal-width fitting; `width`
 /// overrides the terminal's width.
 #[derive(Clone, Copy, Debug)]
-struct Look {
-    tty: bool,
-    width: Option<u16>,
+pub(super) struct Look {
+    pub tty: bool,
+    pub width: Option<u16>,
 }
 
 /// Correctness per row: status, gate and plan, worst tensor and its errors.
@@ -43,7 +43,7 @@ pub fn summary_line(rows: &[Row]) -> String {
     Counts::of(rows).to_string()
 }
 
-fn new_table(look: Look, header: &[&str]) -> Table {
+pub(super) fn new_table(look: Look, header: &[&str]) -> Table {
     let mut t = Table::new();
     t.load_preset(UTF8_FULL_CONDENSED);
     if look.tty {
