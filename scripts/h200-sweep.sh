@@ -2,9 +2,10 @@
 # The whole H200 sweep in one device call (the device machine has no cargo:
 # build here, carry a stripped binary and the precompiled kernel cache).
 # Usage, on the device machine:
-#   scripts/h200-sweep.sh OUTDIR BIN DEADLINE_S [all|mla|v4]
+#   scripts/h200-sweep.sh OUTDIR BIN DEADLINE_S [all|mla|sweep|v4]
 # The whole sweep takes longer than one device command may run (10 min), so
-# `mla` and `v4` split it into two calls.
+# `mla` (smoke, kimi, bandwidth; ~150 s), `sweep` (mla-sweep; ~350 s) and
+# `v4` (dsv4-pro, splits, v4-sweep; ~200 s) split it into calls.
 # Runs in priority order; after each run OUTDIR/runs.tgz is refreshed, so a
 # run cut off by the deadline loses nothing already measured. Prints each
 # run's summary line last.
@@ -13,7 +14,7 @@ OUT=${1:?usage: h200-sweep.sh OUTDIR BIN DEADLINE_S}
 BIN=${2:?}
 DEADLINE=$(( $(date +%s) + ${3:?} ))
 PART=${4:-all}
-case $PART in all|mla|v4) ;; *) echo "part must be all, mla or v4, not '$PART'" >&2; exit 2 ;; esac
+case $PART in all|mla|sweep|v4) ;; *) echo "part must be all, mla, sweep or v4, not '$PART'" >&2; exit 2 ;; esac
 R="$OUT/runs"
 mkdir -p "$R"
 export MLABENCH_CACHE=${MLABENCH_CACHE:-$PWD/.kcache}
@@ -34,7 +35,7 @@ step mla kimi-k3-dcp8 run scenarios/kimi-k3-dcp8.toml --min-time-ms 20
 step mla mla-bandwidth run scenarios/mla-bandwidth.toml --check-rows 16
 step v4 dsv4-pro run scenarios/dsv4-pro.toml --check-rows 32 --min-time-ms 20
 step v4 dsv4-splits splits scenarios/dsv4-pro.toml --check-rows 8 --min-samples 10 --min-time-ms 20
-step mla mla-sweep run scenarios/mla-sweep.toml --no-timing --check-rows 64
+step sweep mla-sweep run scenarios/mla-sweep.toml --no-timing --check-rows 64
 step v4 v4-sweep run scenarios/v4-sweep.toml --no-timing --check-rows 32
 cat "$R/device.txt"
 printf '%s\n' "${summary[@]}"
