@@ -48,10 +48,20 @@ pub const HEADER: [&str; 33] = [
 
 /// The whole file: header plus one line per row.
 pub fn render(rows: &[Row]) -> anyhow::Result<Vec<u8>> {
+    let mut bytes = lines(&[HEADER.map(String::from).to_vec()])?;
+    bytes.extend(render_rows(rows)?);
+    Ok(bytes)
+}
+
+/// The data lines alone, to append to a file that has the header.
+pub fn render_rows(rows: &[Row]) -> anyhow::Result<Vec<u8>> {
+    lines(&rows.iter().map(record).collect::<Vec<_>>())
+}
+
+fn lines(records: &[Vec<String>]) -> anyhow::Result<Vec<u8>> {
     let mut w = WriterBuilder::new().from_writer(Vec::new());
-    w.write_record(HEADER)?;
-    for r in rows {
-        w.write_record(record(r))?;
+    for r in records {
+        w.write_record(r)?;
     }
     w.into_inner().map_err(|e| anyhow::anyhow!("csv: {}", e.error()))
 }
