@@ -109,6 +109,7 @@ fn run_meta(e: &crate::cli::Execution, backend: &dyn Backend, scenarios: &[PathB
         device: backend.info().clone(),
         check_rows: e.check_rows,
         reference_gflops: None,
+        resumed: vec![],
     }
 }
 
@@ -129,6 +130,19 @@ pub fn run(args: &RunArgs) -> Result<u8> {
     }
     let e = &args.exec;
     let (mut backend, notice) = backend::select(e.backend, &e.kernels_dir)?;
+    let meta = run_meta(e, backend.as_ref(), &paths, "");
+    let mut dir = match &args.resume {
+        Some(d) => resume_dir(d, meta)?,
+        None => RunDir::create(&e.out, meta)
+            .with_context(|| format!("creating the run directory under {}", e.out.display()))?,
+    };
+    let done: std::collections::HashSet<(&str, &str)> = dir
+        .rows()
+        .iter()
+        .map(|r| (r.case_id.as_str(), r.variant.as_str()))
+        .collect();
+    let before = cases.len();
+    cases.retain(|c| !done.contains(&(c.id.as_str(), c.variant.to_string().as_str())));
     let progress = Progress::new(cases.len() as u64, args.quiet);
     if let Some(n) = notice {
         progress.println(&n);
@@ -136,14 +150,20 @@ pub fn run(args: &RunArgs) -> Result<u8> {
     for n in &notes {
         progress.println(&format!("note: {n}"));
     }
+    if args.resume.is_some() {
+        progress.println(&format!(
+            "resuming {}: {} rows kept, {} of {} cases to run",
+            dir.path().display(),
+            dir.rows().len(),
+            cases.len(),
+            before
+        ));
+    }
     let mut opts = run_options(e, backend.as_ref(), !args.no_timing, !args.warm_l2);
     opts.dump = args.dump.clone();
     for f in &args.force {
         opts.repro_flags.push_str(&format!(" --force {f}"));
     }
-    let meta = run_meta(e, backend.as_ref(), &paths, "");
-    let mut dir = RunDir::create(&e.out, meta)
-        .with_context(|| format!("creating the run directory under {}", e.out.display()))?;
     let mut caches = Caches::default();
     let mut lost: Option<String> = None;
     for case in &cases {
@@ -173,7 +193,8 @@ pub fn run(args: &RunArgs) -> Result<u8> {
     }
     progress.finish();
     let gflops = (caches.ref_secs > 0.0).then(|| caches.ref_flops / caches.ref_secs / 1e9);
-    dir.finish(|m| m.reference_gflops = gflops)?;
+    // A resumed run that computed no reference keeps the throughput it had.
+    dir.finish(|m| m.reference_gflops = gflops.or(m.reference_gflops))?;
     let rows = dir.rows();
     if !args.quiet {
         println!("{}", report::table::errors_table(rows, std::io::stdout().is_terminal()));
@@ -208,6 +229,31 @@ pub fn run(args: &RunArgs) -> Result<u8> {
     } else {
         exit::OK
     })
+}
+
+/// Reopens a cut-short run for `--resume`; it must be a run of the same
+/// scenarios, backend and row sampling, or its rows would not be one report.
+fn resume_dir(path: &Path, meta: RunMeta) -> Result<RunDir> {
+    let mut dir = RunDir::resume(path).map_err(|e| InputError::Usage(format!("--resume: {e:#}")))?;
+    let old = dir.meta();
+    let differs = |what: &str, was: String, now: String| {
+        InputError::Usage(format!(
+            "--resume {}: that run's {what} was {was}, this one's is {now}; resume with the same {what}",
+            path.display()
+        ))
+    };
+    if old.scenarios != meta.scenarios {
+        return Err(differs("scenarios", old.scenarios.join(" "), meta.scenarios.join(" ")).into());
+    }
+    if old.backend != meta.backend {
+        return Err(differs("backend", old.backend.clone(), meta.backend.clone()).into());
+    }
+    if old.check_rows != meta.check_rows {
+        let show = |c: Option<usize>| c.map_or("all rows".to_string(), |n| format!("--check-rows {n}"));
+        return Err(differs("row sampling", show(old.check_rows), show(meta.check_rows)).into());
+    }
+    dir.meta_mut().resumed.push(meta.command);
+    Ok(dir)
 }
 
 /// Compares two finished runs (no GPU): exit 1 on a regression.

@@ -68,6 +68,10 @@ pub struct RunArgs {
     /// Print only the final summary line.
     #[arg(long, short)]
     pub quiet: bool,
+    /// Continue a run that was cut short (deadline, crash) in its directory:
+    /// (case, variant) rows it has are kept, the rest (and errors) run.
+    #[arg(long, value_name = "RUN_DIR", conflicts_with = "run_id")]
+    pub resume: Option<PathBuf>,
     /// Compare with this baseline (a run directory or its rows.csv) and exit 1
     /// on a regression; the comparison is also written to the run's compare.md.
     #[arg(long, value_name = "RUN")]

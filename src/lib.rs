@@ -16,6 +16,7 @@ pub mod report;
 pub mod result;
 pub mod runner;
 pub mod scenario;
+pub mod serde_float;
 pub mod splits;
 pub mod stats;
 pub mod variants;

@@ -33,19 +33,26 @@ impl Tolerances {
 }
 
 /// Comparison of one output tensor against its reference.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct ErrorMetrics {
     /// Elements compared.
     pub n: usize,
+    #[serde(deserialize_with = "crate::serde_float::f64")]
     pub max_abs: f64,
+    #[serde(deserialize_with = "crate::serde_float::f64")]
     pub max_rel: f64,
     /// Flat index of the worst element (by abs error) and both values there.
     pub worst_index: usize,
+    #[serde(deserialize_with = "crate::serde_float::f64")]
     pub worst_out: f64,
+    #[serde(deserialize_with = "crate::serde_float::f64")]
     pub worst_ref: f64,
+    #[serde(deserialize_with = "crate::serde_float::f64")]
     pub rel_l2: f64,
+    #[serde(deserialize_with = "crate::serde_float::f64")]
     pub cos_diff: f64,
     /// Fraction with `|o-r| > atol` and `|o-r| > rtol*|r|`.
+    #[serde(deserialize_with = "crate::serde_float::f64")]
     pub mismatch: f64,
     /// Positions where finiteness differs from the reference (NaN where finite, etc.).
     pub nonfinite_mismatch: usize,

@@ -1,12 +1,12 @@
 //! One report row per (case, variant): what ran, how it was judged, how fast.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 use crate::metrics::ErrorMetrics;
 use crate::stats::Summary;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Status {
     /// Every check within tolerance.
@@ -23,7 +23,7 @@ pub enum Status {
 }
 
 /// One checked output tensor (e.g. `o.r3`, `lse`, `o`).
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Check {
     pub tensor: String,
     /// `kernel` (decides pass/fail) or `quant` (fp8 quantization noise, informative).
@@ -35,7 +35,7 @@ pub struct Check {
 }
 
 /// Latency of one timed region.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Latency {
     /// `kernel` (the attention kernel alone) or `variant` (kernel + merge/reduce).
     pub region: String,
@@ -44,7 +44,7 @@ pub struct Latency {
     pub summary: Summary,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Row {
     pub case_id: String,
     pub variant: String,
@@ -64,12 +64,18 @@ pub struct Row {
     pub checks: Vec<Check>,
     pub latency: Vec<Latency>,
     /// Bytes and FLOPs from visible lengths (SPEC §5).
+    #[serde(deserialize_with = "crate::serde_float::f64")]
     pub bytes: f64,
+    #[serde(deserialize_with = "crate::serde_float::f64")]
     pub flops: f64,
     /// From the `variant` median when timed.
+    #[serde(default, deserialize_with = "crate::serde_float::opt")]
     pub gbps: Option<f64>,
+    #[serde(default, deserialize_with = "crate::serde_float::opt")]
     pub tflops: Option<f64>,
+    #[serde(default, deserialize_with = "crate::serde_float::opt")]
     pub frac_bw: Option<f64>,
+    #[serde(default, deserialize_with = "crate::serde_float::opt")]
     pub frac_tc: Option<f64>,
     /// Workload shape and knobs, as key/value (the fixed-schema CSV's params column).
     pub params: BTreeMap<String, String>,

@@ -1,18 +1,25 @@
 //! Sample statistics and noise-aware comparison. Pure functions, no I/O.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Summary of latency samples, in milliseconds.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Summary {
     pub n: usize,
+    #[serde(deserialize_with = "crate::serde_float::f64")]
     pub median: f64,
+    #[serde(deserialize_with = "crate::serde_float::f64")]
     pub p10: f64,
+    #[serde(deserialize_with = "crate::serde_float::f64")]
     pub p90: f64,
+    #[serde(deserialize_with = "crate::serde_float::f64")]
     pub min: f64,
+    #[serde(deserialize_with = "crate::serde_float::f64")]
     pub max: f64,
+    #[serde(deserialize_with = "crate::serde_float::f64")]
     pub mean: f64,
     /// `(p90 - p10) / median`.
+    #[serde(deserialize_with = "crate::serde_float::f64")]
     pub rel_spread: f64,
 }
 

@@ -353,3 +353,52 @@ fn run_against_a_baseline_fails_on_a_slowdown_and_writes_compare_md() {
         .code(2)
         .stderr(predicates::str::contains("no/such/run"));
 }
+
+#[test]
+fn resume_finishes_a_cut_run_without_repeating_rows() {
+    let out = tempfile::tempdir().unwrap();
+    let cmd = |extra: &[&str]| {
+        let mut c = bin();
+        c.args(["run", "scenarios/smoke.toml", "--backend", "cpu", "-q"]);
+        c.args(extra);
+        c
+    };
+    // A run cut short: only one block of cases made it.
+    cmd(&["--run-id", "cut", "--case", "mla-b3"])
+        .arg("--out")
+        .arg(out.path())
+        .assert()
+        .code(0);
+    let dir = out.path().join("cut");
+    let dir_s = dir.to_str().unwrap();
+    cmd(&["--resume", dir_s]).assert().code(0);
+    let rows = json_rows(out.path());
+    let keys: std::collections::BTreeSet<(String, String)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["case_id"].as_str().unwrap().into(),
+                r["variant"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    assert_eq!(rows.len(), 96, "the whole smoke scenario");
+    assert_eq!(keys.len(), 96, "no row twice");
+    // Another scenario or another sampling cannot continue it.
+    bin()
+        .args([
+            "run",
+            "scenarios/kimi-k3-dcp8.toml",
+            "--backend",
+            "cpu",
+            "--resume",
+            dir_s,
+        ])
+        .assert()
+        .code(2)
+        .stderr(predicates::str::contains("resume with the same scenarios"));
+    cmd(&["--resume", dir_s, "--check-rows", "2"])
+        .assert()
+        .code(2)
+        .stderr(predicates::str::contains("row sampling"));
+}

@@ -28,6 +28,18 @@ pub fn render(meta: &RunMeta, rows: &[Row]) -> anyhow::Result<String> {
     Ok(s)
 }
 
+#[derive(serde::Deserialize)]
+struct OwnedDocument {
+    meta: RunMeta,
+    rows: Vec<Row>,
+}
+
+/// Reads a rows.json back (for `run --resume`).
+pub fn parse(text: &str) -> Result<(RunMeta, Vec<Row>), serde_json::Error> {
+    let d: OwnedDocument = serde_json::from_str(text)?;
+    Ok((d.meta, d.rows))
+}
+
 /// Like `serde_json::to_value`, but non-finite floats become strings.
 pub fn to_value<T: Serialize + ?Sized>(v: &T) -> Result<Value, serde_json::Error> {
     v.serialize(ValueSerializer)
@@ -334,6 +346,14 @@ mod tests {
         assert_eq!(v["meta"]["reference_gflops"], 12.5);
         assert_eq!(v["meta"]["device"]["details"][0][1], "13.0");
         assert_eq!(v["rows"].as_array().unwrap().len(), 2);
+        // And back: every float, non-finite ones included, and None stay.
+        let (m2, rows2) = parse(&text).unwrap();
+        assert_eq!(m2.reference_gflops, Some(12.5));
+        let l = &rows2[0].checks[1].metrics;
+        assert!(l.max_rel.is_nan() && l.max_abs == f64::INFINITY && l.worst_ref == f64::NEG_INFINITY);
+        assert_eq!(rows2[1].gbps, None);
+        assert_eq!(rows2[0].status, Status::Fail);
+        assert_eq!(render(&m2, &rows2).unwrap(), text);
     }
 
     #[test]

@@ -35,6 +35,9 @@ fn header(s: &mut String, meta: &RunMeta) {
     let _ = writeln!(s, "- backend: {}", meta.backend);
     let _ = writeln!(s, "- started: {} (mlabench {})", meta.started, meta.mlabench_version);
     let _ = writeln!(s, "- command: {}", code(&meta.command));
+    for c in &meta.resumed {
+        let _ = writeln!(s, "- resumed by: {}", code(c));
+    }
     let _ = writeln!(s, "- scenarios: {}", meta.scenarios.join(", "));
     let checked = match meta.check_rows {
         Some(n) => format!("a seeded sample of up to {n} query rows per case"),

@@ -22,7 +22,7 @@ use crate::backend::DeviceInfo;
 use crate::result::{Check, Latency, Row, Status};
 
 /// What a run was: enough to tell two result directories apart and rerun one.
-#[derive(Serialize, Clone, Debug)]
+#[derive(Serialize, serde::Deserialize, Clone, Debug)]
 pub struct RunMeta {
     pub run_id: String,
     /// RFC 3339.
@@ -35,7 +35,11 @@ pub struct RunMeta {
     /// Sampled query rows per case (`--check-rows`); `None` = every row.
     pub check_rows: Option<usize>,
     /// Throughput of the f64 CPU reference; filled at the end of the run.
+    #[serde(default, deserialize_with = "crate::serde_float::opt")]
     pub reference_gflops: Option<f64>,
+    /// Commands that continued this run with `--resume`, in order.
+    #[serde(default)]
+    pub resumed: Vec<String>,
 }
 
 /// How many rows ended in each status.
@@ -281,6 +285,7 @@ pub(crate) mod testutil {
             },
             check_rows: None,
             reference_gflops: None,
+            resumed: vec![],
         }
     }
 }

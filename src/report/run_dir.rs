@@ -31,6 +31,9 @@ pub struct RunDir {
     last_full: Instant,
     /// rows.json and summary.md lag the rows.
     stale: bool,
+    /// rows.csv does not hold exactly the rows (a resumed run before its
+    /// first write): the next write rewrites it instead of appending.
+    csv_stale: bool,
 }
 
 impl RunDir {
@@ -60,9 +63,36 @@ impl RunDir {
             full_every: FULL_WRITE_EVERY,
             last_full: Instant::now(),
             stale: false,
+            csv_stale: false,
         };
         dir.write_all()?;
         Ok(dir)
+    }
+
+    /// Reopens a run a deadline or a crash cut short: its meta and every row
+    /// except errors (`status = error`: device lost, launch failures), which
+    /// the caller runs again. Nothing is written until the first row or
+    /// `finish`, so a resume the caller refuses leaves the files alone.
+    pub fn resume(path: &Path) -> anyhow::Result<RunDir> {
+        let json = path.join(ROWS_JSON);
+        let text = fs::read_to_string(&json).with_context(|| {
+            format!(
+                "{}: not a run directory to resume (no readable rows.json)",
+                path.display()
+            )
+        })?;
+        let (meta, mut rows) =
+            json::parse(&text).with_context(|| format!("{}: not an mlabench rows.json", json.display()))?;
+        rows.retain(|r| r.status != Status::Error);
+        Ok(RunDir {
+            path: path.to_path_buf(),
+            meta,
+            rows,
+            full_every: FULL_WRITE_EVERY,
+            last_full: Instant::now(),
+            stale: true,
+            csv_stale: true,
+        })
     }
 
     /// Rewrites rows.json and summary.md at most this often (tests: zero).
@@ -79,12 +109,19 @@ impl RunDir {
         &self.meta
     }
 
+    pub fn meta_mut(&mut self) -> &mut RunMeta {
+        &mut self.meta
+    }
+
     /// Appends a row to rows.csv; refreshes rows.json and summary.md when
     /// they are due or the row failed.
     pub fn push(&mut self, row: Row) -> anyhow::Result<()> {
         let bytes = csv::render_rows(std::slice::from_ref(&row))?;
         let failed = matches!(row.status, Status::Fail | Status::Error);
         self.rows.push(row);
+        if self.csv_stale {
+            return self.write_all();
+        }
         let path = self.path.join(ROWS_CSV);
         let mut f = fs::OpenOptions::new()
             .append(true)
@@ -112,6 +149,7 @@ impl RunDir {
 
     fn write_all(&mut self) -> anyhow::Result<()> {
         write_atomic(&self.path.join(ROWS_CSV), &csv::render(&self.rows)?)?;
+        self.csv_stale = false;
         self.write_full()
     }
 
@@ -133,7 +171,8 @@ impl RunDir {
 impl Drop for RunDir {
     /// A run that ends early (an error, a panic) still leaves whole files.
     fn drop(&mut self) {
-        if self.stale {
+        // A resumed run that never wrote (refused, or nothing ran) stays as it was.
+        if self.stale && !self.csv_stale {
             let _ = self.write_full();
         }
     }
@@ -240,6 +279,33 @@ mod tests {
         let text = fs::read_to_string(path.join(ROWS_JSON)).unwrap();
         let v: serde_json::Value = serde_json::from_str(&text).unwrap();
         assert_eq!(v["rows"].as_array().unwrap().len(), 4, "dropping the run flushes it");
+    }
+
+    #[test]
+    fn resume_keeps_rows_but_errors() {
+        let root = tempfile::tempdir().unwrap();
+        let mut dir = RunDir::create(root.path(), meta()).unwrap();
+        dir.push(row("mla-a", "ps1", Status::Pass, "cuda-events")).unwrap();
+        let mut lost = row("mla-b", "ps1", Status::Error, "cuda-events");
+        lost.reason = "not run: the device was lost".into();
+        dir.push(lost).unwrap();
+        let path = dir.path().to_path_buf();
+        drop(dir);
+        let before = fs::read(path.join(ROWS_JSON)).unwrap();
+        drop(RunDir::resume(&path).unwrap());
+        assert_eq!(
+            fs::read(path.join(ROWS_JSON)).unwrap(),
+            before,
+            "an unused resume writes nothing"
+        );
+        let mut again = RunDir::resume(&path).unwrap();
+        assert_eq!(again.rows().len(), 1);
+        assert_eq!(again.rows()[0].case_id, "mla-a");
+        again.push(row("mla-b", "ps1", Status::Pass, "cuda-events")).unwrap();
+        assert_eq!(csv_data_lines(&again), 2, "rows.csv rewritten without the error row");
+        again.finish(|_| {}).unwrap();
+        assert_eq!(json_rows(&again)["rows"].as_array().unwrap().len(), 2);
+        assert!(RunDir::resume(&root.path().join("nope")).is_err());
     }
 
     #[test]
