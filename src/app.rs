@@ -566,7 +566,7 @@ pub fn splits(args: &crate::cli::SplitsArgs) -> Result<u8> {
     std::fs::write(dir.path().join("splits.csv"), report::splits::csv(&studies)?)?;
     std::fs::write(dir.path().join("splits.svg"), report::splits::svg(&studies)?)?;
     // The run's JSON writer: non-finite timings stay visible instead of turning into null.
-    let json = serde_json::to_string_pretty(&report::json::to_value(&studies)?)?;
+    let json = serde_json::to_string_pretty(&studies)?;
     std::fs::write(dir.path().join("splits.json"), json)?;
     println!("{}", report::splits::table(&studies));
     println!("{}", report::table::summary_line(dir.rows()));

@@ -37,22 +37,22 @@ impl Tolerances {
 pub struct ErrorMetrics {
     /// Elements compared.
     pub n: usize,
-    #[serde(deserialize_with = "crate::serde_float::f64")]
+    #[serde(with = "crate::serde_float")]
     pub max_abs: f64,
-    #[serde(deserialize_with = "crate::serde_float::f64")]
+    #[serde(with = "crate::serde_float")]
     pub max_rel: f64,
     /// Flat index of the worst element (by abs error) and both values there.
     pub worst_index: usize,
-    #[serde(deserialize_with = "crate::serde_float::f64")]
+    #[serde(with = "crate::serde_float")]
     pub worst_out: f64,
-    #[serde(deserialize_with = "crate::serde_float::f64")]
+    #[serde(with = "crate::serde_float")]
     pub worst_ref: f64,
-    #[serde(deserialize_with = "crate::serde_float::f64")]
+    #[serde(with = "crate::serde_float")]
     pub rel_l2: f64,
-    #[serde(deserialize_with = "crate::serde_float::f64")]
+    #[serde(with = "crate::serde_float")]
     pub cos_diff: f64,
     /// Fraction with `|o-r| > atol` and `|o-r| > rtol*|r|`.
-    #[serde(deserialize_with = "crate::serde_float::f64")]
+    #[serde(with = "crate::serde_float")]
     pub mismatch: f64,
     /// Positions where finiteness differs from the reference (NaN where finite, etc.).
     pub nonfinite_mismatch: usize,

@@ -64,18 +64,18 @@ pub struct Row {
     pub checks: Vec<Check>,
     pub latency: Vec<Latency>,
     /// Bytes and FLOPs from visible lengths (SPEC §5).
-    #[serde(deserialize_with = "crate::serde_float::f64")]
+    #[serde(with = "crate::serde_float")]
     pub bytes: f64,
-    #[serde(deserialize_with = "crate::serde_float::f64")]
+    #[serde(with = "crate::serde_float")]
     pub flops: f64,
     /// From the `variant` median when timed.
-    #[serde(default, deserialize_with = "crate::serde_float::opt")]
+    #[serde(default, with = "crate::serde_float::opt")]
     pub gbps: Option<f64>,
-    #[serde(default, deserialize_with = "crate::serde_float::opt")]
+    #[serde(default, with = "crate::serde_float::opt")]
     pub tflops: Option<f64>,
-    #[serde(default, deserialize_with = "crate::serde_float::opt")]
+    #[serde(default, with = "crate::serde_float::opt")]
     pub frac_bw: Option<f64>,
-    #[serde(default, deserialize_with = "crate::serde_float::opt")]
+    #[serde(default, with = "crate::serde_float::opt")]
     pub frac_tc: Option<f64>,
     /// Workload shape and knobs, as key/value (the fixed-schema CSV's params column).
     pub params: BTreeMap<String, String>,

@@ -1,8 +1,28 @@
-//! Reads back the floats rows.json writes: numbers, or the strings `"NaN"`,
-//! `"Infinity"` and `"-Infinity"` for the non-finite ones (see report::json).
+//! Floats in rows.json and splits.json. JSON has no NaN or infinity, and
+//! serde_json silently writes them as `null`, which would make `lse = -inf`
+//! (an empty row, correct) look like a missing value. Non-finite floats are
+//! therefore written as the strings `"NaN"`, `"Infinity"` and `"-Infinity"`
+//! (Python's `float()` and JavaScript's `Number()` parse them), and read
+//! back. `null` keeps meaning "not measured" (an `Option` that is `None`).
+//!
+//! Use `#[serde(with = "crate::serde_float")]` on `f64` fields and
+//! `#[serde(default, with = "crate::serde_float::opt")]` on `Option<f64>`.
 
 use serde::de::{self, Deserializer, Visitor};
+use serde::Serializer;
 use std::fmt;
+
+pub fn serialize<S: Serializer>(x: &f64, s: S) -> Result<S::Ok, S::Error> {
+    if x.is_nan() {
+        s.serialize_str("NaN")
+    } else if *x == f64::INFINITY {
+        s.serialize_str("Infinity")
+    } else if *x == f64::NEG_INFINITY {
+        s.serialize_str("-Infinity")
+    } else {
+        s.serialize_f64(*x)
+    }
+}
 
 struct FloatVisitor;
 
@@ -30,30 +50,40 @@ impl<'de> Visitor<'de> for FloatVisitor {
     }
 }
 
-/// For `f64` fields: `#[serde(deserialize_with = "crate::serde_float::f64")]`.
-pub fn f64<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
     d.deserialize_any(FloatVisitor)
 }
 
-struct OptVisitor;
+/// `Option<f64>`: `None` is `null`.
+pub mod opt {
+    use super::*;
 
-impl<'de> Visitor<'de> for OptVisitor {
-    type Value = Option<f64>;
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("null or a float")
+    pub fn serialize<S: Serializer>(x: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+        match x {
+            Some(v) => super::serialize(v, s),
+            None => s.serialize_none(),
+        }
     }
-    fn visit_none<E: de::Error>(self) -> Result<Option<f64>, E> {
-        Ok(None)
-    }
-    fn visit_unit<E: de::Error>(self) -> Result<Option<f64>, E> {
-        Ok(None)
-    }
-    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Option<f64>, D::Error> {
-        f64(d).map(Some)
-    }
-}
 
-/// For `Option<f64>` fields (`null` is `None`); pair with `#[serde(default)]`.
-pub fn opt<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
-    d.deserialize_option(OptVisitor)
+    struct OptVisitor;
+
+    impl<'de> Visitor<'de> for OptVisitor {
+        type Value = Option<f64>;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("null or a float")
+        }
+        fn visit_none<E: de::Error>(self) -> Result<Option<f64>, E> {
+            Ok(None)
+        }
+        fn visit_unit<E: de::Error>(self) -> Result<Option<f64>, E> {
+            Ok(None)
+        }
+        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Option<f64>, D::Error> {
+            super::deserialize(d).map(Some)
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+        d.deserialize_option(OptVisitor)
+    }
 }

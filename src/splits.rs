@@ -8,8 +8,11 @@ use serde::Serialize;
 #[derive(Clone, Debug, Serialize)]
 pub struct Point {
     pub n: usize,
+    #[serde(serialize_with = "crate::serde_float::serialize")]
     pub median_ms: f64,
+    #[serde(serialize_with = "crate::serde_float::serialize")]
     pub p10_ms: f64,
+    #[serde(serialize_with = "crate::serde_float::serialize")]
     pub p90_ms: f64,
     /// The run's checks passed.
     pub pass: bool,
@@ -22,6 +25,7 @@ pub struct Study {
     pub layer: String,
     pub rows: usize,
     pub heads: usize,
+    #[serde(serialize_with = "crate::serde_float::serialize")]
     pub mean_len: f64,
     /// The heuristic's n and where it came from (heuristic / kernel pick).
     pub heuristic_n: usize,

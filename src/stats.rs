@@ -6,20 +6,20 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Summary {
     pub n: usize,
-    #[serde(deserialize_with = "crate::serde_float::f64")]
+    #[serde(with = "crate::serde_float")]
     pub median: f64,
-    #[serde(deserialize_with = "crate::serde_float::f64")]
+    #[serde(with = "crate::serde_float")]
     pub p10: f64,
-    #[serde(deserialize_with = "crate::serde_float::f64")]
+    #[serde(with = "crate::serde_float")]
     pub p90: f64,
-    #[serde(deserialize_with = "crate::serde_float::f64")]
+    #[serde(with = "crate::serde_float")]
     pub min: f64,
-    #[serde(deserialize_with = "crate::serde_float::f64")]
+    #[serde(with = "crate::serde_float")]
     pub max: f64,
-    #[serde(deserialize_with = "crate::serde_float::f64")]
+    #[serde(with = "crate::serde_float")]
     pub mean: f64,
     /// `(p90 - p10) / median`.
-    #[serde(deserialize_with = "crate::serde_float::f64")]
+    #[serde(with = "crate::serde_float")]
     pub rel_spread: f64,
 }
 

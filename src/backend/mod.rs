@@ -32,10 +32,10 @@ pub struct DeviceInfo {
     pub compute_units: usize,
     pub l2_bytes: usize,
     /// Measured device-to-device copy bandwidth, GB/s (read + write bytes).
-    #[serde(default, deserialize_with = "crate::serde_float::opt")]
+    #[serde(default, with = "crate::serde_float::opt")]
     pub copy_gbps: Option<f64>,
     /// Measured dense tensor-core rate, TFLOP/s.
-    #[serde(default, deserialize_with = "crate::serde_float::opt")]
+    #[serde(default, with = "crate::serde_float::opt")]
     pub tensor_tflops: Option<f64>,
     /// Driver / runtime / compiler versions and clocks, free-form.
     pub details: Vec<(String, String)>,

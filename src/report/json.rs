@@ -1,15 +1,7 @@
 //! rows.json: `{"meta": RunMeta, "rows": [Row, ...]}`, every check included.
-//!
-//! JSON has no NaN or infinity, and serde_json silently writes them as
-//! `null`, which would make `lse = -inf` (an empty row, correct) look like a
-//! missing value. Non-finite floats are therefore written as the strings
-//! `"NaN"`, `"Infinity"` and `"-Infinity"`, which both Python's `float()` and
-//! JavaScript's `Number()` parse back. `null` keeps meaning "not measured"
-//! (an `Option` that is `None`).
+//! Non-finite floats are written as strings (see `crate::serde_float`).
 
-use serde::ser;
 use serde::Serialize;
-use serde_json::{Map, Value};
 
 use super::RunMeta;
 use crate::result::Row;
@@ -20,18 +12,17 @@ struct Document<'a> {
     rows: &'a [Row],
 }
 
-/// The whole file, pretty-printed.
-pub fn render(meta: &RunMeta, rows: &[Row]) -> anyhow::Result<String> {
-    let value = to_value(&Document { meta, rows })?;
-    let mut s = serde_json::to_string_pretty(&value)?;
-    s.push('\n');
-    Ok(s)
-}
-
 #[derive(serde::Deserialize)]
 struct OwnedDocument {
     meta: RunMeta,
     rows: Vec<Row>,
+}
+
+/// The whole file, pretty-printed.
+pub fn render(meta: &RunMeta, rows: &[Row]) -> anyhow::Result<String> {
+    let mut s = serde_json::to_string_pretty(&Document { meta, rows })?;
+    s.push('\n');
+    Ok(s)
 }
 
 /// Reads a rows.json back (for `run --resume`).
@@ -40,289 +31,12 @@ pub fn parse(text: &str) -> Result<(RunMeta, Vec<Row>), serde_json::Error> {
     Ok((d.meta, d.rows))
 }
 
-/// Like `serde_json::to_value`, but non-finite floats become strings.
-pub fn to_value<T: Serialize + ?Sized>(v: &T) -> Result<Value, serde_json::Error> {
-    v.serialize(ValueSerializer)
-}
-
-fn float(x: f64) -> Value {
-    if x.is_nan() {
-        Value::String("NaN".into())
-    } else if x == f64::INFINITY {
-        Value::String("Infinity".into())
-    } else if x == f64::NEG_INFINITY {
-        Value::String("-Infinity".into())
-    } else {
-        serde_json::Number::from_f64(x).map_or(Value::Null, Value::Number)
-    }
-}
-
-/// Builds a `Value` the way serde_json's own value serializer does, except
-/// for floats. The compound states below mirror serde_json's.
-struct ValueSerializer;
-
-type Error = serde_json::Error;
-
-impl ser::Serializer for ValueSerializer {
-    type Ok = Value;
-    type Error = Error;
-    type SerializeSeq = SeqState;
-    type SerializeTuple = SeqState;
-    type SerializeTupleStruct = SeqState;
-    type SerializeTupleVariant = VariantSeqState;
-    type SerializeMap = MapState;
-    type SerializeStruct = MapState;
-    type SerializeStructVariant = VariantMapState;
-
-    fn serialize_bool(self, v: bool) -> Result<Value, Error> {
-        Ok(Value::Bool(v))
-    }
-    fn serialize_i8(self, v: i8) -> Result<Value, Error> {
-        Ok(Value::from(v))
-    }
-    fn serialize_i16(self, v: i16) -> Result<Value, Error> {
-        Ok(Value::from(v))
-    }
-    fn serialize_i32(self, v: i32) -> Result<Value, Error> {
-        Ok(Value::from(v))
-    }
-    fn serialize_i64(self, v: i64) -> Result<Value, Error> {
-        Ok(Value::from(v))
-    }
-    fn serialize_u8(self, v: u8) -> Result<Value, Error> {
-        Ok(Value::from(v))
-    }
-    fn serialize_u16(self, v: u16) -> Result<Value, Error> {
-        Ok(Value::from(v))
-    }
-    fn serialize_u32(self, v: u32) -> Result<Value, Error> {
-        Ok(Value::from(v))
-    }
-    fn serialize_u64(self, v: u64) -> Result<Value, Error> {
-        Ok(Value::from(v))
-    }
-    fn serialize_f32(self, v: f32) -> Result<Value, Error> {
-        if v.is_finite() {
-            // serde_json's own f32 handling, so finite values print the same.
-            serde_json::to_value(v)
-        } else {
-            Ok(float(v as f64))
-        }
-    }
-    fn serialize_f64(self, v: f64) -> Result<Value, Error> {
-        Ok(float(v))
-    }
-    fn serialize_char(self, v: char) -> Result<Value, Error> {
-        Ok(Value::String(v.to_string()))
-    }
-    fn serialize_str(self, v: &str) -> Result<Value, Error> {
-        Ok(Value::String(v.to_string()))
-    }
-    fn serialize_bytes(self, v: &[u8]) -> Result<Value, Error> {
-        Ok(Value::Array(v.iter().map(|&b| Value::from(b)).collect()))
-    }
-    fn serialize_none(self) -> Result<Value, Error> {
-        Ok(Value::Null)
-    }
-    fn serialize_some<T: Serialize + ?Sized>(self, v: &T) -> Result<Value, Error> {
-        v.serialize(self)
-    }
-    fn serialize_unit(self) -> Result<Value, Error> {
-        Ok(Value::Null)
-    }
-    fn serialize_unit_struct(self, _name: &'static str) -> Result<Value, Error> {
-        Ok(Value::Null)
-    }
-    fn serialize_unit_variant(self, _name: &'static str, _index: u32, variant: &'static str) -> Result<Value, Error> {
-        Ok(Value::String(variant.to_string()))
-    }
-    fn serialize_newtype_struct<T: Serialize + ?Sized>(self, _name: &'static str, v: &T) -> Result<Value, Error> {
-        v.serialize(self)
-    }
-    fn serialize_newtype_variant<T: Serialize + ?Sized>(
-        self,
-        _name: &'static str,
-        _index: u32,
-        variant: &'static str,
-        v: &T,
-    ) -> Result<Value, Error> {
-        let mut m = Map::new();
-        m.insert(variant.to_string(), to_value(v)?);
-        Ok(Value::Object(m))
-    }
-    fn serialize_seq(self, len: Option<usize>) -> Result<SeqState, Error> {
-        Ok(SeqState(Vec::with_capacity(len.unwrap_or(0))))
-    }
-    fn serialize_tuple(self, len: usize) -> Result<SeqState, Error> {
-        self.serialize_seq(Some(len))
-    }
-    fn serialize_tuple_struct(self, _name: &'static str, len: usize) -> Result<SeqState, Error> {
-        self.serialize_seq(Some(len))
-    }
-    fn serialize_tuple_variant(
-        self,
-        _name: &'static str,
-        _index: u32,
-        variant: &'static str,
-        len: usize,
-    ) -> Result<VariantSeqState, Error> {
-        Ok(VariantSeqState {
-            variant,
-            items: Vec::with_capacity(len),
-        })
-    }
-    fn serialize_map(self, _len: Option<usize>) -> Result<MapState, Error> {
-        Ok(MapState {
-            map: Map::new(),
-            key: None,
-        })
-    }
-    fn serialize_struct(self, _name: &'static str, len: usize) -> Result<MapState, Error> {
-        self.serialize_map(Some(len))
-    }
-    fn serialize_struct_variant(
-        self,
-        _name: &'static str,
-        _index: u32,
-        variant: &'static str,
-        _len: usize,
-    ) -> Result<VariantMapState, Error> {
-        Ok(VariantMapState {
-            variant,
-            map: Map::new(),
-        })
-    }
-}
-
-struct SeqState(Vec<Value>);
-
-impl ser::SerializeSeq for SeqState {
-    type Ok = Value;
-    type Error = Error;
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), Error> {
-        self.0.push(to_value(v)?);
-        Ok(())
-    }
-    fn end(self) -> Result<Value, Error> {
-        Ok(Value::Array(self.0))
-    }
-}
-
-impl ser::SerializeTuple for SeqState {
-    type Ok = Value;
-    type Error = Error;
-    fn serialize_element<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), Error> {
-        ser::SerializeSeq::serialize_element(self, v)
-    }
-    fn end(self) -> Result<Value, Error> {
-        ser::SerializeSeq::end(self)
-    }
-}
-
-impl ser::SerializeTupleStruct for SeqState {
-    type Ok = Value;
-    type Error = Error;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), Error> {
-        ser::SerializeSeq::serialize_element(self, v)
-    }
-    fn end(self) -> Result<Value, Error> {
-        ser::SerializeSeq::end(self)
-    }
-}
-
-struct VariantSeqState {
-    variant: &'static str,
-    items: Vec<Value>,
-}
-
-impl ser::SerializeTupleVariant for VariantSeqState {
-    type Ok = Value;
-    type Error = Error;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), Error> {
-        self.items.push(to_value(v)?);
-        Ok(())
-    }
-    fn end(self) -> Result<Value, Error> {
-        let mut m = Map::new();
-        m.insert(self.variant.to_string(), Value::Array(self.items));
-        Ok(Value::Object(m))
-    }
-}
-
-struct MapState {
-    map: Map<String, Value>,
-    key: Option<String>,
-}
-
-/// JSON keys are strings; serde_json also accepts numbers and bools there.
-fn key_string(v: Value) -> Result<String, Error> {
-    match v {
-        Value::String(s) => Ok(s),
-        Value::Number(n) => Ok(n.to_string()),
-        Value::Bool(b) => Ok(b.to_string()),
-        other => Err(ser::Error::custom(format!(
-            "a JSON object key must be a string, not {other}"
-        ))),
-    }
-}
-
-impl ser::SerializeMap for MapState {
-    type Ok = Value;
-    type Error = Error;
-    fn serialize_key<T: Serialize + ?Sized>(&mut self, k: &T) -> Result<(), Error> {
-        self.key = Some(key_string(to_value(k)?)?);
-        Ok(())
-    }
-    fn serialize_value<T: Serialize + ?Sized>(&mut self, v: &T) -> Result<(), Error> {
-        let k = self
-            .key
-            .take()
-            .ok_or_else(|| <Error as ser::Error>::custom("map value without a key"))?;
-        self.map.insert(k, to_value(v)?);
-        Ok(())
-    }
-    fn end(self) -> Result<Value, Error> {
-        Ok(Value::Object(self.map))
-    }
-}
-
-impl ser::SerializeStruct for MapState {
-    type Ok = Value;
-    type Error = Error;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, key: &'static str, v: &T) -> Result<(), Error> {
-        self.map.insert(key.to_string(), to_value(v)?);
-        Ok(())
-    }
-    fn end(self) -> Result<Value, Error> {
-        Ok(Value::Object(self.map))
-    }
-}
-
-struct VariantMapState {
-    variant: &'static str,
-    map: Map<String, Value>,
-}
-
-impl ser::SerializeStructVariant for VariantMapState {
-    type Ok = Value;
-    type Error = Error;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, key: &'static str, v: &T) -> Result<(), Error> {
-        self.map.insert(key.to_string(), to_value(v)?);
-        Ok(())
-    }
-    fn end(self) -> Result<Value, Error> {
-        let mut m = Map::new();
-        m.insert(self.variant.to_string(), Value::Object(self.map));
-        Ok(Value::Object(m))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::report::testutil::{meta, row, skipped};
     use crate::result::Status;
-    use std::collections::BTreeMap;
+    use serde_json::Value;
 
     #[test]
     fn round_trips_with_non_finite_metrics() {
@@ -356,45 +70,58 @@ mod tests {
         assert_eq!(render(&m2, &rows2).unwrap(), text);
     }
 
+    /// Every float the report holds, set to NaN: none may turn into `null`
+    /// (the silent serde_json default), so no float field lacks its attribute.
     #[test]
-    fn finite_values_match_serde_json_exactly() {
-        let r = row("mla-b4", "ps1", Status::Pass, "cuda-graph");
-        assert_eq!(to_value(&r).unwrap(), serde_json::to_value(&r).unwrap());
-        assert_eq!(to_value(&meta()).unwrap(), serde_json::to_value(meta()).unwrap());
-    }
-
-    #[derive(Serialize)]
-    enum Shape {
-        Unit,
-        New(f64),
-        Tuple(u8, f32),
-        Struct { x: f64 },
-    }
-
-    #[derive(Serialize)]
-    #[serde(tag = "family")]
-    enum Tagged {
-        Mla { heads: usize },
+    fn no_float_field_becomes_null() {
+        let mut r = row("mla-b4", "ps1", Status::Pass, "cuda-graph");
+        let nan = f64::NAN;
+        for c in &mut r.checks {
+            let m = &mut c.metrics;
+            (m.max_abs, m.max_rel, m.worst_out, m.worst_ref) = (nan, nan, nan, nan);
+            (m.rel_l2, m.cos_diff, m.mismatch) = (nan, nan, nan);
+        }
+        for l in &mut r.latency {
+            let s = &mut l.summary;
+            (s.median, s.p10, s.p90, s.min, s.max, s.mean, s.rel_spread) = (nan, nan, nan, nan, nan, nan, nan);
+        }
+        (r.bytes, r.flops) = (nan, nan);
+        (r.gbps, r.tflops, r.frac_bw, r.frac_tc) = (Some(nan), Some(nan), Some(nan), Some(nan));
+        let mut m = meta();
+        m.reference_gflops = Some(nan);
+        m.device.copy_gbps = Some(nan);
+        m.device.tensor_tflops = Some(nan);
+        m.check_rows = Some(4);
+        let v: Value = serde_json::from_str(&render(&m, &[r]).unwrap()).unwrap();
+        fn nulls(v: &Value, at: String, out: &mut Vec<String>) {
+            match v {
+                Value::Null => out.push(at),
+                Value::Array(a) => a
+                    .iter()
+                    .enumerate()
+                    .for_each(|(i, x)| nulls(x, format!("{at}[{i}]"), out)),
+                Value::Object(o) => o.iter().for_each(|(k, x)| nulls(x, format!("{at}.{k}"), out)),
+                _ => {}
+            }
+        }
+        let mut found = Vec::new();
+        nulls(&v, String::new(), &mut found);
+        assert!(found.is_empty(), "floats written as null: {found:?}");
+        assert_eq!(v["rows"][0]["latency"][1]["summary"]["p90"], "NaN");
     }
 
     #[test]
-    fn enum_and_map_shapes_match_serde_json() {
-        let mut keyed = BTreeMap::new();
-        keyed.insert(3u32, 0.5f32);
-        let shapes = (
-            vec![
-                Shape::Unit,
-                Shape::New(1.5),
-                Shape::Tuple(7, 0.1),
-                Shape::Struct { x: -2.0 },
-            ],
-            Tagged::Mla { heads: 96 },
-            keyed,
-            ('c', (), Some(1i64), None::<u8>),
-        );
-        assert_eq!(to_value(&shapes).unwrap(), serde_json::to_value(&shapes).unwrap());
-        let v = to_value(&Shape::Struct { x: f64::NAN }).unwrap();
-        assert_eq!(v, serde_json::json!({"Struct": {"x": "NaN"}}));
-        assert_eq!(to_value(&f32::NEG_INFINITY).unwrap(), "-Infinity");
+    fn study_floats_stay_strings() {
+        let p = crate::splits::Point {
+            n: 3,
+            median_ms: f64::INFINITY,
+            p10_ms: 1.0,
+            p90_ms: f64::NAN,
+            pass: true,
+        };
+        let v = serde_json::to_value(&p).unwrap();
+        assert_eq!(v["median_ms"], "Infinity");
+        assert_eq!(v["p90_ms"], "NaN");
+        assert_eq!(v["p10_ms"], 1.0);
     }
 }

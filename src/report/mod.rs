@@ -35,7 +35,7 @@ pub struct RunMeta {
     /// Sampled query rows per case (`--check-rows`); `None` = every row.
     pub check_rows: Option<usize>,
     /// Throughput of the f64 CPU reference; filled at the end of the run.
-    #[serde(default, deserialize_with = "crate::serde_float::opt")]
+    #[serde(default, with = "crate::serde_float::opt")]
     pub reference_gflops: Option<f64>,
     /// Commands that continued this run with `--resume`, in order.
     #[serde(default)]
