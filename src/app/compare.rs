@@ -1,0 +1,70 @@
+//! `mlabench compare` and the baseline judgement `run --baseline` shares.
+
+use anyhow::{Context, Result};
+use std::io::IsTerminal;
+use std::path::Path;
+
+use crate::error::{exit, InputError};
+use crate::report;
+
+/// Compares two finished runs (no GPU): exit 1 on a regression.
+pub fn compare(args: &crate::cli::CompareArgs) -> Result<u8> {
+    let base = read_entries(&args.baseline, &args.regression.region)?;
+    let cand = read_entries(&args.candidate, &args.regression.region)?;
+    let regressed = judge(&base, &cand, &args.regression, &args.baseline, None)?;
+    Ok(if regressed { exit::CHECK_FAILED } else { exit::OK })
+}
+
+/// A run directory's rows.csv, or the CSV itself.
+pub(super) fn read_entries(path: &Path, region: &str) -> Result<Vec<crate::compare::Entry>, InputError> {
+    report::compare::check_region(region).map_err(|e| InputError::Usage(format!("--region: {e}")))?;
+    let file = if path.is_dir() {
+        path.join("rows.csv")
+    } else {
+        path.to_path_buf()
+    };
+    let bytes = std::fs::read(&file).map_err(|e| {
+        InputError::Usage(format!(
+            "{}: {e}; pass a run directory (results/<run-id>) or its rows.csv",
+            file.display()
+        ))
+    })?;
+    report::compare::entries_from_csv(&bytes, region, &file.display().to_string())
+        .map_err(|e| InputError::Usage(format!("{e:#}")))
+}
+
+/// Prints the verdicts (and writes Markdown); true when something regressed.
+pub(super) fn judge(
+    base: &[crate::compare::Entry],
+    cand: &[crate::compare::Entry],
+    gate: &crate::cli::RegressionGate,
+    baseline: &Path,
+    run_markdown: Option<&Path>,
+) -> Result<bool> {
+    if !(gate.threshold.is_finite() && gate.threshold >= 0.0) {
+        return Err(InputError::Usage(format!("--threshold {}: give a percentage >= 0", gate.threshold)).into());
+    }
+    let thr = gate.threshold / 100.0;
+    let deltas = crate::compare::compare(base, cand, thr);
+    if !deltas.iter().any(|d| d.base.is_some() && d.cand.is_some()) {
+        return Err(InputError::Usage(format!(
+            "no (case, variant) row is in both the baseline ({}) and the candidate; compare runs of the same scenario",
+            baseline.display()
+        ))
+        .into());
+    }
+    println!(
+        "{}",
+        report::compare::table(&deltas, std::io::stdout().is_terminal(), gate.show)
+    );
+    println!(
+        "against {}: {}",
+        baseline.display(),
+        report::compare::summary_line(&deltas)
+    );
+    let md = report::compare::markdown(&deltas, &baseline.display().to_string(), thr, &gate.region);
+    for path in run_markdown.into_iter().chain(gate.markdown.as_deref()) {
+        std::fs::write(path, &md).with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(deltas.iter().any(|d| d.verdict.is_regression()))
+}

@@ -1,0 +1,178 @@
+//! `mlabench splits`: the V4 split-count study and its `--from` re-score.
+
+use anyhow::Result;
+use std::path::Path;
+
+use crate::backend;
+use crate::case::{Case, CaseParams};
+use crate::error::{exit, InputError};
+use crate::report::{self, progress::Progress, RunDir};
+use crate::result::Status;
+use crate::runner::{self, Caches};
+use crate::scenario::data_id;
+use crate::variants::{self, VariantId};
+
+use super::{resolve_cases, run_meta, run_options};
+
+/// Times every split count of each V4 workload, the heuristic's pick and
+/// hca_persist; writes splits.csv and splits.svg next to the run's rows.
+pub fn splits(args: &crate::cli::SplitsArgs) -> Result<u8> {
+    use crate::splits::{Point, Study};
+    let (cases, _) = resolve_cases(
+        std::slice::from_ref(&args.scenario),
+        &args.cases,
+        &[VariantId::V4Split, VariantId::HcaPersist],
+    )?;
+    if let Some(csv) = &args.from {
+        return rescore_splits(&cases, csv);
+    }
+    let e = &args.exec;
+    let (mut backend, notice) = backend::select(e.backend, &e.kernels_dir)?;
+    if let Some(n) = notice {
+        eprintln!("{n}");
+    }
+    let opts = run_options(e, backend.as_ref(), true, true);
+    let meta = run_meta(e, backend.as_ref(), std::slice::from_ref(&args.scenario), "splits-");
+    let mut dir = RunDir::create(&e.out, meta)?;
+    // One study per workload: the first case of each data id is its template.
+    let mut seen = std::collections::HashSet::new();
+    let bases: Vec<&Case> = cases.iter().filter(|c| seen.insert(data_id(c))).collect();
+    let progress = Progress::new((bases.len() * 17) as u64, false);
+    let mut caches = Caches::default();
+    let mut studies = Vec::new();
+    let point = |row: &crate::result::Row, n: usize| -> Option<Point> {
+        let l = row.latency.iter().find(|l| l.region == "variant")?;
+        Some(Point {
+            n,
+            median_ms: l.summary.median,
+            p10_ms: l.summary.p10,
+            p90_ms: l.summary.p90,
+            pass: row.status == Status::Pass,
+        })
+    };
+    for base in bases {
+        let CaseParams::V4(p) = &base.params else { continue };
+        let bound = crate::plan::v4::kv_len_bound(p.layer, p.index_topk, p.max_model_len);
+        let pick = crate::plan::v4::v4_split_plan(p.rows, p.padded_rows, p.kernel_heads(), bound, base.cus, None);
+        let lens: Vec<usize> = p.positions.iter().map(|&pos| variants::v4_row_len(p, pos)).collect();
+        let mut study = Study {
+            data_id: data_id(base),
+            layer: p.layer.to_string(),
+            rows: p.rows,
+            heads: p.heads,
+            mean_len: lens.iter().sum::<usize>() as f64 / lens.len().max(1) as f64,
+            heuristic_n: pick.n,
+            heuristic_source: format!("{:?}", pick.source).to_lowercase(),
+            points: vec![],
+            hca: None,
+            hca_gate: None,
+        };
+        for n in 1..=16 {
+            let mut c = base.clone();
+            c.variant = VariantId::V4Split;
+            c.v4.splits = Some(n);
+            c.id = format!("{}-n{n}", study.data_id);
+            progress.start(&c.key());
+            let out = runner::run_case(&c, &mut caches, backend.as_mut(), &opts);
+            if let Some(pt) = point(&out.row, n) {
+                study.points.push(pt);
+            }
+            dir.push(out.row)?;
+            progress.inc();
+        }
+        let mut c = base.clone();
+        c.variant = VariantId::HcaPersist;
+        c.id = study.data_id.clone();
+        progress.start(&c.key());
+        let d = variants::decide(&c);
+        let out = runner::run_case(&c, &mut caches, backend.as_mut(), &opts);
+        match d.fallback {
+            Some(why) => study.hca_gate = Some(why),
+            None => study.hca = point(&out.row, 0),
+        }
+        dir.push(out.row)?;
+        progress.inc();
+        studies.push(study);
+    }
+    progress.finish();
+    dir.finish(|_| ())?;
+    std::fs::write(dir.path().join("splits.csv"), report::splits::csv(&studies)?)?;
+    std::fs::write(dir.path().join("splits.svg"), report::splits::svg(&studies)?)?;
+    // The run's JSON writer: non-finite timings stay visible instead of turning into null.
+    let json = serde_json::to_string_pretty(&studies)?;
+    std::fs::write(dir.path().join("splits.json"), json)?;
+    println!("{}", report::splits::table(&studies));
+    println!("{}", report::table::summary_line(dir.rows()));
+    println!("results: {} (splits.csv, splits.svg)", dir.path().display());
+    let failed = dir
+        .rows()
+        .iter()
+        .any(|r| matches!(r.status, Status::Fail | Status::Error));
+    Ok(if failed { exit::CHECK_FAILED } else { exit::OK })
+}
+
+/// The heuristic's pick for a V4 case, and where it came from.
+fn heuristic_pick(c: &Case) -> Option<(usize, String)> {
+    let CaseParams::V4(p) = &c.params else { return None };
+    let bound = crate::plan::v4::kv_len_bound(p.layer, p.index_topk, p.max_model_len);
+    let plan = crate::plan::v4::v4_split_plan(p.rows, p.padded_rows, p.kernel_heads(), bound, c.cus, None);
+    Some((plan.n, format!("{:?}", plan.source).to_lowercase()))
+}
+
+/// `splits --from`: today's heuristic scored on a committed run's timings.
+fn rescore_splits(cases: &[Case], csv_path: &Path) -> Result<u8> {
+    use crate::splits::{Point, Study};
+    let mut rdr = csv::Reader::from_path(csv_path)
+        .map_err(|e| InputError::Usage(format!("--from {}: {e}", csv_path.display())))?;
+    let mut studies: Vec<Study> = Vec::new();
+    for rec in rdr.deserialize::<std::collections::HashMap<String, String>>() {
+        let r = rec.map_err(|e| InputError::Usage(format!("--from {}: {e}", csv_path.display())))?;
+        let get = |k: &str| r.get(k).cloned().unwrap_or_default();
+        let num = |k: &str| get(k).parse::<f64>().unwrap_or(f64::NAN);
+        let id = get("data_id");
+        let Some(case) = cases.iter().find(|c| data_id(c) == id) else {
+            continue;
+        };
+        if !studies.iter().any(|s| s.data_id == id) {
+            let (n, src) = heuristic_pick(case).unwrap_or((1, "none".into()));
+            studies.push(Study {
+                data_id: id.clone(),
+                layer: get("layer"),
+                rows: get("rows").parse().unwrap_or(0),
+                heads: get("heads").parse().unwrap_or(0),
+                mean_len: num("mean_len"),
+                heuristic_n: n,
+                heuristic_source: src,
+                points: vec![],
+                hca: None,
+                hca_gate: None,
+            });
+        }
+        let s = studies.iter_mut().find(|s| s.data_id == id).expect("inserted above");
+        let pt = Point {
+            n: get("n").parse().unwrap_or(0),
+            median_ms: num("median_ms"),
+            p10_ms: num("p10_ms"),
+            p90_ms: num("p90_ms"),
+            pass: get("pass") == "true",
+        };
+        match get("plan").as_str() {
+            "fixed" => s.points.push(pt),
+            "hca_persist" => s.hca = Some(pt),
+            _ => {}
+        }
+    }
+    if studies.is_empty() {
+        return Err(InputError::Usage(format!(
+            "--from {}: no row matches a workload of the scenario",
+            csv_path.display()
+        ))
+        .into());
+    }
+    println!("{}", report::splits::table(&studies));
+    println!(
+        "(re-scored from {}: timings of that run, today's heuristic)",
+        csv_path.display()
+    );
+    Ok(exit::OK)
+}
