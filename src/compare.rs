@@ -147,15 +147,11 @@ fn judge(b: &Entry, c: &Entry, threshold: f64) -> (Verdict, Option<f64>) {
 
 /// How many deltas got each verdict, in `Verdict` order.
 pub fn tally(deltas: &[Delta]) -> Vec<(Verdict, usize)> {
-    let mut t: Vec<(Verdict, usize)> = Vec::new();
+    let mut t = std::collections::BTreeMap::new();
     for d in deltas {
-        match t.iter_mut().find(|(v, _)| *v == d.verdict) {
-            Some((_, n)) => *n += 1,
-            None => t.push((d.verdict, 1)),
-        }
+        *t.entry(d.verdict).or_insert(0) += 1;
     }
-    t.sort();
-    t
+    t.into_iter().collect()
 }
 
 /// Geometric mean of the candidate/baseline ratios that were compared.

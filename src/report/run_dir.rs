@@ -116,12 +116,12 @@ impl RunDir {
     /// Appends a row to rows.csv; refreshes rows.json and summary.md when
     /// they are due or the row failed.
     pub fn push(&mut self, row: Row) -> anyhow::Result<()> {
-        let bytes = csv::render_rows(std::slice::from_ref(&row))?;
         let failed = matches!(row.status, Status::Fail | Status::Error);
         self.rows.push(row);
         if self.csv_stale {
             return self.write_all();
         }
+        let bytes = csv::render_rows(&self.rows[self.rows.len() - 1..])?;
         let path = self.path.join(ROWS_CSV);
         let mut f = fs::OpenOptions::new()
             .append(true)
