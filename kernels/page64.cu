@@ -1,7 +1,7 @@
 // page64: non-persistent MLA decode fallback, page size 64, bottom-right
 // mask on local positions; grid over (head group of 16, split, sequence);
 // f32 partials + page64_merge when n_splits > 1.
-// ABI: kernels/ABI-kmla.md. Defines: HK, KV_FP8, MT, WARPS, STAGES, FP8_CVT.
+// ABI: kernels/ABI.md. Defines: HK, KV_FP8, MT, WARPS, GROUPS, BN, STAGES, QSMEM, FP8_CVT.
 #include "common/merge.cuh"
 #include "common/mla_core.cuh"
 
@@ -17,11 +17,10 @@ extern "C" __global__ void __launch_bounds__(mla::THREADS, 1)
                float* __restrict__ lse, float* __restrict__ part_o, float* __restrict__ part_lse) {
   extern __shared__ __align__(128) unsigned char smem[];
   check_smem();
+  const float scale_log2 = sm_scale * q_scale * kv_scale * LOG2E;
 #if KV_FP8
-  const float scale_log2 = sm_scale * q_scale * kv_scale * LOG2E * QK_F16_SCALE;
   const float out_scale = kv_scale * V_F16_SCALE;
 #else
-  const float scale_log2 = sm_scale * q_scale * kv_scale * LOG2E;
   const float out_scale = kv_scale;
 #endif
   const int hg = blockIdx.x, s = blockIdx.y, b = blockIdx.z;

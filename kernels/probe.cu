@@ -1,6 +1,8 @@
 // Device probes for the CUDA backend: the two ceilings reports divide by
-// (copy bandwidth, mma.sync tensor rate), the cold-L2 flush used between
-// timed samples, and an empty kernel for launch overhead.
+// (copy bandwidth, mma.sync tensor rate), the read bandwidth of pool rows
+// gathered in random order (what a page-size-1 KV cache can stream), the
+// cold-L2 flush used between timed samples, and an empty kernel for launch
+// overhead.
 //
 // Compiled by NVRTC with the backend's standard options and no -D defines.
 // All entry points are extern "C" so their names are unmangled.
@@ -45,6 +47,29 @@ extern "C" __global__ void __launch_bounds__(256)
         const uint4 v = buf[i];
         x ^= v.x ^ v.y ^ v.z ^ v.w;
     }
+    if (x == magic) sink[0] = x;
+}
+
+// Reads rows idx[0..n_rows) of a pool of rows of `row_words` 16-byte words
+// (row r at pool + r * row_words), four loads in flight per thread; with idx
+// the identity it is a contiguous read. Read-only like mlab_l2_flush: the
+// XOR reaches memory only if it equals magic.
+extern "C" __global__ void __launch_bounds__(256)
+    mlab_gather_rows(const uint4* __restrict__ pool, const int* __restrict__ idx, u64 n_rows, int row_words,
+                     unsigned magic, unsigned* sink) {
+    const u64 n = n_rows * (u64)row_words;
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    auto at = [&](u64 i) -> const uint4* {
+        const u64 r = i / (u64)row_words;
+        return pool + (u64)__ldg(idx + r) * row_words + (i - r * row_words);
+    };
+    unsigned x = 0;
+    u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    for (; i + 3 * stride < n; i += 4 * stride) {
+        const uint4 a = *at(i), b = *at(i + stride), c = *at(i + 2 * stride), d = *at(i + 3 * stride);
+        x ^= a.x ^ b.y ^ c.z ^ d.w;
+    }
+    for (; i < n; i += stride) x ^= at(i)->x;
     if (x == magic) sink[0] = x;
 }
 

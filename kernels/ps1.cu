@@ -1,6 +1,6 @@
 // ps1: persistent MLA decode, page size 1, causal mask on global (DCP
 // round-robin) positions, host-built work list; f32 partials + reduce.
-// ABI: kernels/ABI-kmla.md. Defines: HK, KV_FP8, MT, WARPS, STAGES, FP8_CVT.
+// ABI: kernels/ABI.md. Defines: HK, KV_FP8, MT, WARPS, GROUPS, BN, STAGES, QSMEM, FP8_CVT.
 #include "common/merge.cuh"
 #include "common/mla_core.cuh"
 
@@ -17,11 +17,10 @@ extern "C" __global__ void __launch_bounds__(mla::THREADS, 1)
             float* __restrict__ lse, float* __restrict__ part_o, float* __restrict__ part_lse) {
   extern __shared__ __align__(128) unsigned char smem[];
   check_smem();
+  const float scale_log2 = sm_scale * q_scale * kv_scale * LOG2E;
 #if KV_FP8
-  const float scale_log2 = sm_scale * q_scale * kv_scale * LOG2E * QK_F16_SCALE;
   const float out_scale = kv_scale * V_F16_SCALE;
 #else
-  const float scale_log2 = sm_scale * q_scale * kv_scale * LOG2E;
   const float out_scale = kv_scale;
 #endif
   const int w_end = work_indptr[blockIdx.x + 1];

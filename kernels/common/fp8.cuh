@@ -1,18 +1,18 @@
-// e4m3 -> f16 conversions for the tensor-core path. Every e4m3 value is an
-// exact f16, so the a8w8 kernels run f16 mma with no rounding of Q or KV.
+// e4m3 -> f16 conversion of V for the P V mma. Every e4m3 value is an exact
+// f16, so the a8w8 kernels run f16 mma on V with no rounding (Q.K runs on
+// e4m3 directly, by wgmma).
 //
 // FP8_CVT picks the method (both exact for finite inputs):
-//   0: hardware cvt.rn.f16x2.e4m3x2 for Q.K and V (keeps NaN as NaN);
-//   1: hardware for Q.K, bit reinterpretation for V;
-//   2: bit reinterpretation for both.
-// The bit path writes value * 2^-8 (the e4m3 bits placed in an f16 with the
-// exponent bias left at 7); QK_F16_SCALE / V_F16_SCALE undo that, and it maps
-// NaN bytes to finite values.
+//   0: hardware cvt.rn.f16x2.e4m3x2 (keeps NaN as NaN; measured faster);
+//   1: bit reinterpretation: the e4m3 bits placed in an f16 with the exponent
+//      bias left at 7 give value * 2^-8, undone by V_F16_SCALE; maps NaN
+//      bytes to finite values.
 #pragma once
 
 #ifndef FP8_CVT
 #define FP8_CVT 0
 #endif
+static_assert(FP8_CVT == 0 || FP8_CVT == 1, "FP8_CVT must be 0 or 1");
 
 namespace mla {
 
@@ -27,22 +27,10 @@ __device__ __forceinline__ unsigned e4m3_odd_bytes_scaled(unsigned t) {
   return (t & 0x80008000u) | ((t >> 1) & 0x3F803F80u);
 }
 
-// Q.K operands: only consistency between Q and K matters, so each method
-// uses its cheapest pairing.
-__device__ __forceinline__ void qk_cvt(unsigned w, unsigned& x, unsigned& y) {
-#if FP8_CVT == 2
-  x = e4m3_odd_bytes_scaled(w << 8);
-  y = e4m3_odd_bytes_scaled(w);
-#else
-  x = e4m3x2_to_f16x2(static_cast<unsigned short>(w & 0xFFFFu));
-  y = e4m3x2_to_f16x2(static_cast<unsigned short>(w >> 16));
-#endif
-}
-
 // V operand after ldmatrix.trans: x = (byte 0, byte 2), y = (byte 1, byte 3),
 // i.e. two tokens of one dimension per register.
 __device__ __forceinline__ void v_cvt(unsigned w, unsigned& x, unsigned& y) {
-#if FP8_CVT >= 1
+#if FP8_CVT == 1
   x = e4m3_odd_bytes_scaled(w << 8);
   y = e4m3_odd_bytes_scaled(w);
 #else
@@ -52,7 +40,6 @@ __device__ __forceinline__ void v_cvt(unsigned w, unsigned& x, unsigned& y) {
 #endif
 }
 
-constexpr float QK_F16_SCALE = FP8_CVT == 2 ? 65536.f : 1.f;
-constexpr float V_F16_SCALE = FP8_CVT >= 1 ? 256.f : 1.f;
+constexpr float V_F16_SCALE = FP8_CVT == 1 ? 256.f : 1.f;
 
 }  // namespace mla

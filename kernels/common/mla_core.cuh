@@ -1,7 +1,10 @@
 // The MLA decode core shared by ps1.cu and page64.cu: one CTA of THREADS
 // threads streams a token range of one sequence's paged KV through a cp.async ring
-// and computes softmax(Q K^T) V for up to 16*MT query-head rows with
-// mma.sync (bf16, or f16 from e4m3 for a8w8).
+// and computes softmax(Q K^T) V for up to 16*MT query-head rows. bf16: mma.sync
+// for both products. fp8 (a8w8): S^T = K Q^T by wgmma on e4m3 (K tile as the
+// 64-row A operand, Q as B, both from shared memory in the 128-byte swizzle
+// layout), because Hopper emulates e4m3 mma.sync through f16; P V stays f16
+// mma.sync (P in e4m3 would miss the fp8 tolerance) with V converted exactly.
 //
 // Defines (all compile-time):
 //   HK      kernel heads, multiple of 16, 16..128
@@ -17,18 +20,20 @@
 //   BN      tokens per tile (default 64 for fp8, 32 for bf16)
 //   STAGES  cp.async ring depth per group (default 2 with GROUPS=2, else 4)
 //   FP8_CVT e4m3 -> f16 method, see fp8.cuh
-//   QSMEM   1: Q (as f16 / bf16) sits in shared memory, shared by the groups,
+//   QSMEM   bf16 only: 1: Q sits in shared memory, shared by the groups,
 //           and each warp loads its A fragments with ldmatrix per k-step;
 //           0: each warp keeps its Q slice in registers (36 per m-tile).
-//           Default: 1 with GROUPS=2 (512 threads leave 128 registers each)
+//           Default: 1 with GROUPS=2 (512 threads leave 128 registers each).
+//           fp8 always keeps Q in shared memory (the wgmma B operand).
 //   IDX_AHEAD  tiles between a token's pool-index load and its cp.async
 //           issue (1 or 2; default 1)
 //   TILE_SPLIT with GROUPS=2: 0 = group g takes tiles g, g+2, ... (default);
 //           1 = group 0 the first half of the tiles, group 1 the second
 //
-// Warp roles, within a group (w: warp of the group): for S = Q K^T warp w owns dims [144*(w%4), +144) and the
-// token group w/4 of the tile (split-K keeps its Q slice in registers; the
-// 4 partial S tiles are summed through shared memory); the softmax runs on
+// Warp roles, within a group (w: warp of the group): for S = Q K^T, bf16: warp w owns dims [144*(w%4), +144) and the
+// token group w/4 of the tile (split-K; the 4 partial S tiles are summed
+// through shared memory); fp8: warpgroup w/4 owns dims [288*(w/4), +288) of
+// all BN = 64 tokens (2 partial S tiles); the softmax runs on
 // all threads of the group, GTHREADS/(16*MT) per row; for O += P V warp w
 // owns output dims [DW*w, DW*(w+1)). The group's first LD_THREADS threads
 // also issue its tile loads.
@@ -63,7 +68,7 @@
 #define IDX_AHEAD 1
 #endif
 #ifndef QSMEM
-#define QSMEM (GROUPS == 2 ? 1 : 0)
+#define QSMEM (GROUPS == 2 && !KV_FP8 ? 1 : 0)
 #endif
 #ifndef TILE_SPLIT
 #define TILE_SPLIT 0
@@ -79,6 +84,8 @@ static_assert(BN == 16 || BN == 32 || BN == 64, "BN must be 16, 32 or 64");
 static_assert(IDX_AHEAD == 1 || IDX_AHEAD == 2, "IDX_AHEAD must be 1 or 2");
 static_assert(TILE_SPLIT == 0 || TILE_SPLIT == 1, "TILE_SPLIT must be 0 or 1");
 static_assert(QSMEM == 0 || QSMEM == 1, "QSMEM must be 0 or 1");
+static_assert(!KV_FP8 || QSMEM == 0, "fp8 keeps Q in shared memory as e4m3: QSMEM is for bf16");
+static_assert(!KV_FP8 || (BN == 64 && WARPS / GROUPS == 8), "fp8: BN 64 (the wgmma M) and two warpgroups per group");
 
 namespace mla {
 
@@ -89,15 +96,17 @@ constexpr int GW = WARPS / GROUPS;             // warps per consumer group
 constexpr int GTHREADS = 32 * GW;              // threads per group
 constexpr int EB = KV_FP8 ? 1 : 2;             // bytes per element
 constexpr int ROW_BYTES = D_QK * EB;           // one KV / Q row in memory
-constexpr int RS = ROW_BYTES + 16;             // its shared-memory stride: ldmatrix conflict-free
-constexpr int TILE_BYTES = BN * RS;
+constexpr int RS = ROW_BYTES + 16;             // bf16 tile row stride: ldmatrix conflict-free
+constexpr int SWB = 5;                         // fp8: 128-byte column blocks of a row (the last half used)
+constexpr int TILE_BYTES = KV_FP8 ? SWB * BN * 128 : BN * RS;
+constexpr int KPARTS = KV_FP8 ? 2 : 4;         // partial S tiles (split-K)
 constexpr int NWN = GW / 4;                    // token groups in S = Q K^T
 constexpr int TW = BN / NWN;                   // tokens per warp in S
 constexpr int NT = TW / 8;                     // n8 tiles of S per warp
 constexpr int DW = D_V / GW;                   // output dims per warp in O += P V
 constexpr int NJ = DW / 8;                     // n8 tiles of O per warp
 constexpr int ROWS = 16 * MT;
-constexpr int SP_LD = BN + 8;                  // floats; 8-byte stores conflict-free
+constexpr int SP_LD = KV_FP8 ? BN + 4 : BN + 8;  // floats; fp8 scalar / bf16 8-byte stores conflict-free
 constexpr int PS_LD = BN + 8;                  // 16-bit; ldmatrix conflict-free
 constexpr int TPR = GTHREADS / ROWS;           // softmax threads per row
 constexpr int TPT = BN / TPR;                  // tokens per softmax thread
@@ -108,23 +117,24 @@ constexpr int LD_THREADS = BN * LD_TPT;        // threads of a group that issue 
 constexpr int LD_CH = ROW_CH / LD_TPT;         // 16-byte chunks per loader thread
 constexpr int RING_BYTES = STAGES * TILE_BYTES;  // one group's ring
 constexpr int SCR_SP = 0;                        // offsets inside a group's scratch
-constexpr int SCR_PS = SCR_SP + 4 * ROWS * SP_LD * 4;
+constexpr int SCR_PS = SCR_SP + KPARTS * ROWS * SP_LD * 4;
 constexpr int SCR_AL = SCR_PS + ROWS * PS_LD * 2;
 constexpr int SCR_L = SCR_AL + ROWS * 4;
 constexpr int SCR_BYTES = SCR_L + ROWS * 4;
 constexpr int OFF_SCR = GROUPS * RING_BYTES;     // group g's scratch at OFF_SCR + g * SCR_BYTES
-constexpr int OFF_Q = OFF_SCR + GROUPS * SCR_BYTES;
-constexpr int RSQ = D_QK * 2 + 16;               // Q row stride in shared memory (16-bit elements)
-constexpr int SMEM_BYTES = OFF_Q + (QSMEM ? ROWS * RSQ : 0);
+constexpr int OFF_Q = KV_FP8 ? (OFF_SCR + GROUPS * SCR_BYTES + 1023) / 1024 * 1024 : OFF_SCR + GROUPS * SCR_BYTES;
+constexpr int RSQ = D_QK * 2 + 16;               // bf16 Q row stride in shared memory
+constexpr int Q_BYTES = KV_FP8 ? SWB * ROWS * 128 : (QSMEM ? ROWS * RSQ : 0);
+constexpr int ALIGN_SLACK = KV_FP8 ? 1024 : 0;   // the swizzle atoms need a 1024-byte aligned base
+constexpr int SMEM_BYTES = OFF_Q + Q_BYTES + ALIGN_SLACK;
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr float LN2 = 0.6931471805599453f;
 
 static_assert(LD_CH * LD_TPT * 16 == ROW_BYTES, "loader covers a row exactly");
 static_assert(LD_THREADS <= GTHREADS, "loaders are threads of the group");
-static_assert(NT >= 1 && NT <= 4 && NT != 3 && (!KV_FP8 || NT >= 2), "S tile shape");
-static_assert(NT <= 2 || KV_FP8, "bf16 S path handles 1 or 2 n8 tiles per warp");
+static_assert(KV_FP8 || NT == 1 || NT == 2, "bf16 S path handles 1 or 2 n8 tiles per warp");
 static_assert(GROUPS == 1 || ROWS * D_V * 4 <= RING_BYTES, "group 1's O fits its ring for the merge");
-static_assert(SCR_BYTES % 16 == 0 && RING_BYTES % 16 == 0, "16-byte aligned regions");
+static_assert(SCR_BYTES % 16 == 0 && RING_BYTES % (KV_FP8 ? 1024 : 16) == 0, "aligned regions");
 static_assert(TPT == 1 || TPT == 2 || TPT == 4 || TPT == 8, "softmax vector width");
 static_assert(SMEM_BYTES <= 232448, "fits the sm_90 opt-in shared memory");
 
@@ -179,10 +189,16 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
                        const unsigned char* __restrict__ kv, const int* __restrict__ idx, float scale_log2,
                        float out_scale, bool to_part, __nv_bfloat16* __restrict__ o,
                        float* __restrict__ part_o, float* __restrict__ lse) {
+#if KV_FP8
+  smem += (1024u - (smem_u32(smem) & 1023u)) & 1023u;  // ALIGN_SLACK covers this
+#endif
   // Everything below is per consumer group: tid and warp count within it.
   const int grp = GROUPS == 1 ? 0 : static_cast<int>(threadIdx.x) / GTHREADS;
   const int tid = static_cast<int>(threadIdx.x) - grp * GTHREADS, lane = tid & 31, warp = tid >> 5;
-  const int kw = warp & 3, nw = warp >> 2, g = lane >> 2, qd = lane & 3;
+  const int g = lane >> 2, qd = lane & 3;
+#if !KV_FP8
+  const int kw = warp & 3, nw = warp >> 2;  // bf16 S: dim quarter, token group
+#endif
   const int li = lane >> 3, lr = lane & 7;  // ldmatrix: which 8x8 matrix, which row
   unsigned char* scr = smem + OFF_SCR + grp * SCR_BYTES;
   float* sp = reinterpret_cast<float*>(scr + SCR_SP);
@@ -192,27 +208,29 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
   const unsigned smem0 = smem_u32(smem + grp * RING_BYTES);
   const unsigned ps_base = smem_u32(psm);
 
-#if QSMEM
-  // Q of the pass into shared memory as 16-bit values, rows of RSQ bytes.
-  // fp8: each 16-element chunk is stored permuted the way qk_cvt pairs K
-  // (columns 2j, 2j+1 hold elements 4j, 4j+1; columns 8+2j, 9+2j hold 4j+2,
-  // 4j+3), so a standard ldmatrix A load matches the K fragments.
+#if KV_FP8
+  // Q of the pass into shared memory as e4m3 in the wgmma layout: column
+  // block b (dims [128b, +128)) at OFF_Q + b*ROWS*128, swizzled 16-byte chunks.
   {
     unsigned char* qs = smem + OFF_Q;
-#if KV_FP8
-    for (int i = threadIdx.x; i < ROWS * 144; i += THREADS) {
-      const int r = i / 144, ch = (i % 144) >> 2, j = i & 3;
+    for (int i = threadIdx.x; i < ROWS * ROW_CH; i += THREADS) {
+      const int r = i / ROW_CH, ch = i % ROW_CH;
       const bool hi = MT > 1 && r >= 16;
-      unsigned x = 0u, y = 0u;
+      uint4 v = make_uint4(0u, 0u, 0u, 0u);
       if (hi ? ps.valid[MT - 1] : ps.valid[0]) {
         const long long qr = (hi ? ps.q_row[MT - 1] : ps.q_row[0]) + (r & 15);
-        qk_cvt(ldg_u32(q + qr * ROW_BYTES + ch * 16 + 4 * j), x, y);
+        v = __ldg(reinterpret_cast<const uint4*>(q + qr * ROW_BYTES + ch * 16));
       }
-      unsigned* dst = reinterpret_cast<unsigned*>(qs + r * RSQ + ch * 32);
-      dst[j] = x;
-      dst[4 + j] = y;
+      *reinterpret_cast<uint4*>(qs + (ch >> 3) * (ROWS * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4)) = v;
     }
-#else
+    fence_proxy_async();
+    __syncthreads();
+  }
+  const unsigned q_s = smem_u32(smem + OFF_Q);
+#elif QSMEM
+  // Q of the pass into shared memory (bf16), rows of RSQ bytes.
+  {
+    unsigned char* qs = smem + OFF_Q;
     for (int i = threadIdx.x; i < ROWS * 72; i += THREADS) {
       const int r = i / 72, ch = i % 72;
       const bool hi = MT > 1 && r >= 16;
@@ -223,7 +241,6 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
       }
       *reinterpret_cast<uint4*>(qs + r * RSQ + ch * 16) = v;
     }
-#endif
     __syncthreads();
   }
   const unsigned q_base = smem_u32(smem + OFF_Q) + (lane & 15) * RSQ + (kw * 144 + (lane >> 4) * 8) * 2;
@@ -237,17 +254,11 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
 #pragma unroll
     for (int c = 0; c < 9; ++c) {
       if (ps.valid[mt]) {
-#if KV_FP8
-        const int off = kw * 144 + c * 16 + 4 * qd;
-        qk_cvt(ldg_u32(r0 + off), qf[mt][c][0], qf[mt][c][2]);
-        qk_cvt(ldg_u32(r8 + off), qf[mt][c][1], qf[mt][c][3]);
-#else
         const int off = (kw * 144 + c * 16 + 2 * qd) * 2;
         qf[mt][c][0] = ldg_u32(r0 + off);
         qf[mt][c][1] = ldg_u32(r8 + off);
         qf[mt][c][2] = ldg_u32(r0 + off + 16);
         qf[mt][c][3] = ldg_u32(r8 + off + 16);
-#endif
       } else {
         qf[mt][c][0] = qf[mt][c][1] = qf[mt][c][2] = qf[mt][c][3] = 0u;
       }
@@ -269,7 +280,6 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
     return ps.t0 + t * BN;
   };
   const int ld_tok = tid / LD_TPT, ld_c = tid % LD_TPT;
-  const unsigned ld_dst = smem0 + ld_tok * RS + ld_c * 16;
   const bool loader = tid < LD_THREADS;
   auto row_of = [&](int t) -> long long {
     const int j = tok0(t) + ld_tok;
@@ -277,10 +287,20 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
   };
   auto issue = [&](int t, long long row) {
     if (!loader) return;
-    const unsigned dst = ld_dst + (t % STAGES) * TILE_BYTES;
     const unsigned char* src = kv + (row < 0 ? 0ll : row * ROW_BYTES) + ld_c * 16;
+#if KV_FP8
+    // chunk ch of the token: column block ch/8, swizzled chunk (ch%8) ^ (token%8)
+    const unsigned dst = smem0 + (t % STAGES) * TILE_BYTES + ld_tok * 128;
+#pragma unroll
+    for (int k = 0; k < LD_CH; ++k) {
+      const int ch = ld_c + k * LD_TPT;
+      cp_async16(dst + (ch >> 3) * (BN * 128) + (((ch & 7) ^ (ld_tok & 7)) << 4), src + k * LD_TPT * 16, row >= 0);
+    }
+#else
+    const unsigned dst = smem0 + (t % STAGES) * TILE_BYTES + ld_tok * RS + ld_c * 16;
 #pragma unroll
     for (int k = 0; k < LD_CH; ++k) cp_async16(dst + k * LD_TPT * 16, src + k * LD_TPT * 16, row >= 0);
+#endif
   };
 
   long long pre[STAGES - 1];
@@ -309,6 +329,9 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
 
   for (int t = 0; t < ntiles; ++t) {
     cp_async_wait<STAGES - 2>();
+#if KV_FP8
+    fence_proxy_async();  // the landed tile is read by wgmma
+#endif
     group_sync(grp);  // tile t landed for all; tile t-1's stage is free
     {
       const int tn = t + STAGES - 1;
@@ -323,6 +346,48 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
     }
     const unsigned kt = smem0 + (t % STAGES) * TILE_BYTES;
 
+#if KV_FP8
+    // ---- S^T = K Q^T over this warpgroup's 288 dims: 9 wgmma k-steps of 32,
+    // each into a fresh accumulator (two alternate) and summed in f32: a
+    // chained fp8 accumulator truncates to 13 bits at every step (the LSE
+    // missed 1e-3 by 2x that way, kernels/dev/NOTES.md v8)
+    {
+      const int wg = warp >> 2;
+      float sacc[ROWS / 2], part[2][ROWS / 2];
+#pragma unroll
+      for (int c = 0; c < 10; ++c) {
+        if (c < 9) {
+          const int d0 = 288 * wg + 32 * c;  // first dim (byte) of the k-step
+          const unsigned ka = kt + (d0 >> 7) * (BN * 128) + (d0 & 127);
+          const unsigned qb = q_s + (d0 >> 7) * (ROWS * 128) + (d0 & 127);
+          wgmma_fence();  // part[c % 2] was last read by the f32 sum below
+          wgmma_e4m3<ROWS>(part[c % 2], gmma_desc_sw128(ka), gmma_desc_sw128(qb), 0);
+          wgmma_commit();
+        }
+        if (c >= 1) {
+          if (c < 9) {
+            wgmma_wait<1>();  // step c-1 done, step c in flight
+          } else {
+            wgmma_wait<0>();
+          }
+          float(&p)[ROWS / 2] = part[(c - 1) % 2];
+          fence_regs(p);
+#pragma unroll
+          for (int i = 0; i < ROWS / 2; ++i) sacc[i] = c == 1 ? p[i] : sacc[i] + p[i];
+        }
+      }
+      // thread holds tokens 16*(warp%4) + g (+8) of heads 8b + 2qd (+1)
+      float* dst = sp + (wg * ROWS + 2 * qd) * SP_LD + 16 * (warp & 3) + g;
+#pragma unroll
+      for (int bb = 0; bb < ROWS / 8; ++bb) {
+        float* d8 = dst + 8 * bb * SP_LD;
+        d8[0] = sacc[4 * bb];
+        d8[SP_LD] = sacc[4 * bb + 1];
+        d8[8] = sacc[4 * bb + 2];
+        d8[SP_LD + 8] = sacc[4 * bb + 3];
+      }
+    }
+#else
     // ---- partial S over this warp's dims and tokens
     float sacc[MT][NT][4];
 #pragma unroll
@@ -343,21 +408,6 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
         qa[mt][3] = qf[mt][c][3];
 #endif
       }
-#if KV_FP8
-      unsigned w4[4];
-      if constexpr (NT == 4) {
-        ldsm_x4(kt + (nw * TW + li * 8 + lr) * RS + kw * 144 + c * 16, w4[0], w4[1], w4[2], w4[3]);
-      } else {
-        ldsm_x2(kt + (nw * TW + (li & 1) * 8 + lr) * RS + kw * 144 + c * 16, w4[0], w4[1]);
-      }
-#pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        unsigned b0, b1;
-        qk_cvt(w4[n], b0, b1);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) mma_f16(sacc[mt][n], qa[mt], b0, b1);
-      }
-#else
       if constexpr (NT == 2) {
         unsigned b0, b1, b2, b3;
         ldsm_x4(kt + (nw * TW + (li >> 1) * 8 + lr) * RS + (kw * 144 + c * 16 + (li & 1) * 8) * 2, b0, b1, b2, b3);
@@ -372,7 +422,6 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) mma_bf16(sacc[mt][0], qa[mt], b0, b1);
       }
-#endif
     }
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
@@ -382,6 +431,7 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
         *reinterpret_cast<float2*>(dst) = make_float2(sacc[mt][n][0], sacc[mt][n][1]);
         *reinterpret_cast<float2*>(dst + 8 * SP_LD) = make_float2(sacc[mt][n][2], sacc[mt][n][3]);
       }
+#endif
     group_sync(grp);
 
     // ---- online softmax of row sr over this tile
@@ -390,7 +440,7 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
 #pragma unroll
       for (int e = 0; e < TPT; ++e) s[e] = 0.f;
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
+      for (int k = 0; k < KPARTS; ++k) {
         const float* src = sp + (k * ROWS + sr) * SP_LD + sc;
         if constexpr (TPT == 1) {
           s[0] += *src;
@@ -475,7 +525,8 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
 #pragma unroll
       for (int u = 0; u < NJ / 4; ++u) {
         unsigned r0, r1, r2, r3;
-        ldsm_x4_t(kt + vtok * RS + warp * DW + u * 32 + (li >> 1) * 16, r0, r1, r2, r3);
+        const int ch = warp * (DW / 16) + u * 2 + (li >> 1);  // 16-byte chunk of V dims
+        ldsm_x4_t(kt + (ch >> 3) * (BN * 128) + vtok * 128 + (((ch & 7) ^ lr) << 4), r0, r1, r2, r3);
         unsigned e0, o0, e1, o1, e2, o2, e3, o3;
         v_cvt(r0, e0, o0);  // tokens 0-7 of dims [32u, +16)
         v_cvt(r1, e1, o1);  // tokens 8-15

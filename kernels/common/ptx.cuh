@@ -1,5 +1,5 @@
-// Thin wrappers over the PTX the MLA kernels use (sm_80+ instructions, built
-// for sm_90a): cp.async, ldmatrix, mma.sync, packing conversions.
+// Thin wrappers over the PTX the MLA kernels use (built for sm_90a): cp.async,
+// ldmatrix, mma.sync, fp8 wgmma, packing conversions.
 #pragma once
 
 namespace mla {
@@ -48,6 +48,56 @@ __device__ __forceinline__ void mma_f16(float (&d)[4], const unsigned (&a)[4], u
       "{%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Makes this thread's generic-proxy shared-memory writes (st.shared,
+// cp.async) visible to the async proxy (wgmma) after the next barrier.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// wgmma shared-memory descriptor of a K-major operand in the 128-byte swizzle
+// layout: rows of 128 bytes, 8-row atoms of 1024 bytes (SBO), 16-byte chunk c
+// of row r stored at chunk c ^ (r % 8); atoms 1024-byte aligned. A k-step
+// inside an atom is a start address 32 bytes further (LBO unused).
+__device__ __forceinline__ unsigned long long gmma_desc_sw128(unsigned addr) {
+  return static_cast<unsigned long long>((addr >> 4) & 0x3FFFu) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Pins accumulator registers in program order around the asynchronous wgmma
+// (the compiler does not know the tensor core writes them after issue).
+template <int R>
+__device__ __forceinline__ void fence_regs(float (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// D[64 x N] = A[64 x 32] . B[N x 32]^T (+ D when `acc`), e4m3 inputs, both
+// operands K-major in shared memory (descriptors above); one warpgroup. The
+// tensor core keeps only 13 mantissa bits (truncated) of the sum it writes,
+// so callers sum long K in f32 themselves.
+template <int N>
+__device__ __forceinline__ void wgmma_e4m3(float (&d)[N / 2], unsigned long long da, unsigned long long db, int acc);
+template <>
+__device__ __forceinline__ void wgmma_e4m3<16>(float (&d)[8], unsigned long long da, unsigned long long db, int acc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7}, %8, %9, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "l"(da), "l"(db), "r"(acc));
+}
+template <>
+__device__ __forceinline__ void wgmma_e4m3<32>(float (&d)[16], unsigned long long da, unsigned long long db, int acc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(da), "l"(db), "r"(acc));
 }
 
 // Two f32 -> packed 16-bit pair, `lo` in the low half.

@@ -13,13 +13,6 @@ pub fn mla_mt(kernel_heads: usize, s_q: usize) -> usize {
     }
 }
 
-/// The two MLA decode kernels; each has its own shape table.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MlaKernel {
-    Ps1,
-    Page64,
-}
-
 /// The launch shape of `ps1_fwd` / `page64_fwd`, passed to the kernel as
 /// `-D` defines so host and kernel agree by construction (kernels/ABI.md;
 /// measured in kernels/dev/NOTES.md).
@@ -38,34 +31,27 @@ pub struct MlaShape {
 }
 
 /// MT=1 (the 16-row decode hot path) runs two consumer groups of 8 warps on
-/// alternate tiles with a 2-deep ring each, Q in shared memory, except fp8
-/// ps1, which keeps Q in registers (2-3 points faster; page64 fp8 spills
-/// that way). MT=2 runs one group of 8 warps, 4-deep ring. Measured in
-/// kernels/dev/NOTES.md (v5, v6).
-pub fn mla_shape(kernel: MlaKernel, fp8: bool, mt: usize) -> MlaShape {
+/// alternate tiles with a 2-deep ring each; bf16 keeps Q in shared memory
+/// (`QSMEM`), fp8 always does (as the wgmma B operand). MT=2 runs one group
+/// of 8 warps, 4-deep ring. Measured in kernels/dev/NOTES.md (v5, v6, v8).
+pub fn mla_shape(fp8: bool, mt: usize) -> MlaShape {
     let bn = if fp8 { 64 } else { 32 };
-    match (kernel, fp8, mt) {
-        (MlaKernel::Ps1, true, 1) => MlaShape {
+    if mt == 1 {
+        MlaShape {
             warps: 16,
             groups: 2,
             bn,
             stages: 2,
-            qsmem: false,
-        },
-        (_, _, 1) => MlaShape {
-            warps: 16,
-            groups: 2,
-            bn,
-            stages: 2,
-            qsmem: true,
-        },
-        _ => MlaShape {
+            qsmem: !fp8,
+        }
+    } else {
+        MlaShape {
             warps: 8,
             groups: 1,
             bn,
             stages: 4,
             qsmem: false,
-        },
+        }
     }
 }
 
@@ -78,15 +64,20 @@ pub fn mla_smem(fp8: bool, mt: usize, shape: MlaShape) -> u32 {
         qsmem,
         ..
     } = shape;
-    let eb = if fp8 { 1 } else { 2 };
     let rows = 16 * mt;
-    let per_group = stages * bn * (576 * eb + 16) + 4 * rows * (bn + 8) * 4 + rows * (bn + 8) * 2 + rows * 8;
+    if fp8 {
+        // 128-byte-swizzled tiles of 5 column blocks; Q block 1024-aligned; 1 KB alignment slack
+        let per_group = stages * bn * 640 + 2 * rows * (bn + 4) * 4 + rows * (bn + 8) * 2 + rows * 8;
+        let q_off = (groups * per_group).div_ceil(1024) * 1024;
+        return (q_off + 5 * rows * 128 + 1024) as u32;
+    }
+    let per_group = stages * bn * (576 * 2 + 16) + 4 * rows * (bn + 8) * 4 + rows * (bn + 8) * 2 + rows * 8;
     let q = if qsmem { rows * (576 * 2 + 16) } else { 0 };
     (groups * per_group + q) as u32
 }
 
-fn mla(file: &'static str, entries: &[&'static str], kernel: MlaKernel, hk: usize, fp8: bool, mt: usize) -> KernelSpec {
-    let sh = mla_shape(kernel, fp8, mt);
+fn mla(file: &'static str, entries: &[&'static str], hk: usize, fp8: bool, mt: usize) -> KernelSpec {
+    let sh = mla_shape(fp8, mt);
     KernelSpec::new(file, entries)
         .define("HK", hk)
         .define("KV_FP8", fp8 as u8)
@@ -99,18 +90,11 @@ fn mla(file: &'static str, entries: &[&'static str], kernel: MlaKernel, hk: usiz
 }
 
 pub fn ps1(hk: usize, fp8: bool, mt: usize) -> KernelSpec {
-    mla("ps1.cu", &["ps1_fwd", "ps1_reduce"], MlaKernel::Ps1, hk, fp8, mt)
+    mla("ps1.cu", &["ps1_fwd", "ps1_reduce"], hk, fp8, mt)
 }
 
 pub fn page64(hk: usize, fp8: bool, mt: usize) -> KernelSpec {
-    mla(
-        "page64.cu",
-        &["page64_fwd", "page64_merge"],
-        MlaKernel::Page64,
-        hk,
-        fp8,
-        mt,
-    )
+    mla("page64.cu", &["page64_fwd", "page64_merge"], hk, fp8, mt)
 }
 
 pub fn merge() -> KernelSpec {
@@ -162,22 +146,19 @@ mod tests {
 
     #[test]
     fn smem_matches_the_abi_tables() {
-        let smem = |k, fp8, mt| mla_smem(fp8, mt, mla_shape(k, fp8, mt));
-        use MlaKernel::{Page64, Ps1};
-        assert_eq!(smem(Ps1, false, 1), 191_488);
-        assert_eq!(smem(Ps1, true, 1), 193_280);
-        assert_eq!(smem(Page64, false, 1), 191_488);
-        assert_eq!(smem(Page64, true, 1), 211_968);
-        for k in [Ps1, Page64] {
-            assert_eq!(smem(k, false, 2), 172_800);
-            assert_eq!(smem(k, true, 2), 193_280);
-            for fp8 in [false, true] {
-                for mt in [1, 2] {
-                    assert!(smem(k, fp8, mt) <= 232_448);
-                    let sh = mla_shape(k, fp8, mt);
-                    assert_eq!(sh.warps % (4 * sh.groups), 0);
-                    assert!(mt == 1 || sh.warps == 8);
-                }
+        let smem = |fp8, mt| mla_smem(fp8, mt, mla_shape(fp8, mt));
+        assert_eq!(smem(false, 1), 191_488);
+        assert_eq!(smem(true, 1), 197_632);
+        assert_eq!(smem(false, 2), 172_800);
+        assert_eq!(smem(true, 2), 207_872);
+        for fp8 in [false, true] {
+            for mt in [1, 2] {
+                assert!(smem(fp8, mt) <= 232_448);
+                let sh = mla_shape(fp8, mt);
+                assert_eq!(sh.warps % (4 * sh.groups), 0);
+                assert!(mt == 1 || sh.warps == 8);
+                // fp8: two warpgroups per group, 64-token tiles (the wgmma M)
+                assert!(!fp8 || (sh.warps / sh.groups == 8 && sh.bn == 64 && !sh.qsmem));
             }
         }
         assert_eq!([16, 32, 64, 128].map(v4_smem), [144_064, 182_656, 218_880, 218_880]);

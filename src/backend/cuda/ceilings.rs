@@ -1,12 +1,16 @@
 //! The two ceilings reports divide by, measured on the device at hand
 //! (never datasheet numbers, never cached across runs): device-to-device
-//! copy bandwidth and the dense mma.sync tensor rate.
+//! copy bandwidth and the dense mma.sync tensor rate. Also the read rate of
+//! KV rows gathered in random order, the layout-bound limit of a page-size-1
+//! cache, reported beside them.
 
 use cudarc::driver::LaunchConfig;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
 
 use super::device::CudaDevice;
 use super::probe::Probe;
-use super::report::{Ceilings, LaunchOverhead};
+use super::report::{Ceilings, GatherCeiling, LaunchOverhead};
 use super::timing::{median, queue_ahead, Aids, Timer};
 use crate::backend::{BackendError, TimingOptions};
 
@@ -22,10 +26,14 @@ const MMA_BLOCK: u32 = 256;
 /// GPU busy-wait before each timed probe run, so host launch latency is
 /// not timed (see `timing::Aids::spin`).
 const QUEUE_AHEAD_NS: u64 = 50_000;
+/// Row sizes the gather probe reads: one MLA KV row (576 elements) in fp8
+/// and in bf16.
+const GATHER_ROW_BYTES: [usize; 2] = [576, 1152];
 
 pub fn measure(dev: &CudaDevice, probe: &Probe) -> Result<Ceilings, BackendError> {
     let (memcpy_gbps, copy_kernel_gbps, copy_buffer_bytes) = copy_bandwidth(dev, probe)?;
     let tensor_tflops = mma_rate(dev, probe)?;
+    let (read_gbps, gather) = gather_bandwidth(dev, probe, copy_buffer_bytes)?;
     let (copy_gbps, copy_method) = if memcpy_gbps >= copy_kernel_gbps {
         (memcpy_gbps, "cuMemcpyDtoD")
     } else {
@@ -39,8 +47,81 @@ pub fn measure(dev: &CudaDevice, probe: &Probe) -> Result<Ceilings, BackendError
         copy_buffer_bytes,
         tensor_tflops,
         tensor_label: "mma.sync bf16".into(),
+        read_gbps,
+        gather,
         samples: SAMPLES,
     })
+}
+
+/// Median of SAMPLES timed runs (after one warm-up), each queued behind a
+/// GPU busy-wait so host launch latency stays out.
+fn median_ms(
+    dev: &CudaDevice,
+    probe: &Probe,
+    run: &mut dyn FnMut() -> Result<(), BackendError>,
+) -> Result<f64, BackendError> {
+    let (a, b) = (dev.event()?, dev.event()?);
+    run()?;
+    let mut ms = Vec::with_capacity(SAMPLES);
+    for _ in 0..SAMPLES {
+        queue_ahead(dev, probe.spin(), QUEUE_AHEAD_NS)?;
+        dev.record(&a)?;
+        run()?;
+        dev.record(&b)?;
+        ms.push(dev.elapsed_ms(&a, &b)?);
+    }
+    Ok(median(&ms))
+}
+
+/// Read-only GB/s of probe.cu's row gather over a pool of `bytes`: rows in
+/// order (576-byte rows), then every row once in a seeded random order for
+/// each of GATHER_ROW_BYTES.
+fn gather_bandwidth(dev: &CudaDevice, probe: &Probe, bytes: usize) -> Result<(f64, Vec<GatherCeiling>), BackendError> {
+    let pool = dev.alloc_zeros::<u32>(bytes / 4)?;
+    let sink = dev.alloc_zeros::<u32>(1)?;
+    let k = probe.gather();
+    let grid = dev.props().sm_count as u32 * k.occupancy(256, 0).map_err(|e| dev.map_err("occupancy", e))?.max(1);
+    let cfg = LaunchConfig {
+        grid_dim: (grid, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0x6a7e);
+    let mut read = |row_bytes: usize, shuffle: bool| -> Result<f64, BackendError> {
+        let n_rows = bytes / row_bytes;
+        let mut order: Vec<i32> = (0..n_rows as i32).collect();
+        if shuffle {
+            order.shuffle(&mut rng);
+        }
+        let idx = dev.upload(&order)?;
+        let (n, words, magic) = (n_rows as u64, (row_bytes / 16) as i32, 1u32);
+        let ms = median_ms(dev, probe, &mut || {
+            // SAFETY: mlab_gather_rows(const uint4* pool, const int* idx, u64
+            // n_rows, int row_words, unsigned magic, unsigned* sink): idx holds
+            // n_rows indices below bytes / row_bytes, so every row read lies in
+            // the pool; sink holds one word (never written for a zero pool).
+            unsafe {
+                dev.launch(k)
+                    .arg(&pool)
+                    .arg(&idx)
+                    .arg(&n)
+                    .arg(&words)
+                    .arg(&magic)
+                    .arg(&sink)
+                    .launch(cfg)
+            }
+        })?;
+        Ok((n_rows * row_bytes) as f64 / (ms * 1e-3) / 1e9)
+    };
+    let contiguous = read(GATHER_ROW_BYTES[0], false)?;
+    let mut gather = Vec::with_capacity(GATHER_ROW_BYTES.len());
+    for row_bytes in GATHER_ROW_BYTES {
+        gather.push(GatherCeiling {
+            row_bytes,
+            gbps: read(row_bytes, true)?,
+        });
+    }
+    Ok((contiguous, gather))
 }
 
 /// Median GB/s (read + write bytes) of cuMemcpyDtoD and of probe.cu's
@@ -60,17 +141,7 @@ fn copy_bandwidth(dev: &CudaDevice, probe: &Probe) -> Result<(f64, f64, usize), 
     let mut dst = dev.alloc_zeros::<u32>(words)?;
     dev.fill_u32(&mut src, 0xa5c3_5a3c)?;
     let timed = |run: &mut dyn FnMut() -> Result<(), BackendError>| -> Result<f64, BackendError> {
-        let (a, b) = (dev.event()?, dev.event()?);
-        run()?;
-        let mut ms = Vec::with_capacity(SAMPLES);
-        for _ in 0..SAMPLES {
-            queue_ahead(dev, probe.spin(), QUEUE_AHEAD_NS)?;
-            dev.record(&a)?;
-            run()?;
-            dev.record(&b)?;
-            ms.push(dev.elapsed_ms(&a, &b)?);
-        }
-        Ok(2.0 * bytes as f64 / (median(&ms) * 1e-3) / 1e9)
+        Ok(2.0 * bytes as f64 / (median_ms(dev, probe, run)? * 1e-3) / 1e9)
     };
     let memcpy = timed(&mut || dev.copy(&src, &mut dst))?;
 

@@ -111,7 +111,7 @@ impl CudaBackend {
         let mt = kernels::mla_mt(hk, w.p.s_q);
         let m = self.module(&kernels::ps1(hk, fp8, mt))?;
         let (fwd, red) = (m.kernel("ps1_fwd")?, m.kernel("ps1_reduce")?);
-        let shape = kernels::mla_shape(kernels::MlaKernel::Ps1, fp8, mt);
+        let shape = kernels::mla_shape(fp8, mt);
         let block = 32 * shape.warps as u32;
         let smem = kernels::mla_smem(fp8, mt, shape);
         let (ws, rs, ss) = (w.p.dcp_world as i32, 0i32, w.p.interleave as i32);
@@ -200,7 +200,7 @@ impl CudaBackend {
         let mt = kernels::mla_mt(hk, w.p.s_q);
         let m = self.module(&kernels::page64(hk, fp8, mt))?;
         let (fwd, mrg) = (m.kernel("page64_fwd")?, m.kernel("page64_merge")?);
-        let shape = kernels::mla_shape(kernels::MlaKernel::Page64, fp8, mt);
+        let shape = kernels::mla_shape(fp8, mt);
         let block = 32 * shape.warps as u32;
         let smem = kernels::mla_smem(fp8, mt, shape);
         let (qs, ks, sm) = (w.q_scale, w.kv_scale, w.p.sm_scale as f32);

@@ -201,6 +201,10 @@ fn device_info(dev: &CudaDevice, compiler: &Compiler, ceilings: Option<&Ceilings
     if let Some(c) = ceilings {
         details.push(("copy_method".into(), c.copy_method.clone()));
         details.push(("tensor_label".into(), c.tensor_label.clone()));
+        details.push(("read_gbps".into(), format!("{:.0}", c.read_gbps)));
+        for g in &c.gather {
+            details.push((format!("gather_{}b_gbps", g.row_bytes), format!("{:.0}", g.gbps)));
+        }
     }
     DeviceInfo {
         backend: "cuda".into(),

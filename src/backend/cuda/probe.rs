@@ -9,6 +9,7 @@ pub const COPY: &str = "mlab_copy_u128";
 pub const L2_FLUSH: &str = "mlab_l2_flush";
 pub const EMPTY: &str = "mlab_empty";
 pub const MMA: &str = "mlab_mma_bf16";
+pub const GATHER: &str = "mlab_gather_rows";
 pub const SPIN: &str = "mlab_spin";
 /// Self-checks for the smoke example: dynamic shared memory opt-in, and a
 /// kernel that faults on purpose.
@@ -17,7 +18,7 @@ pub const TRAP: &str = "mlab_trap";
 
 /// The probe configuration (no defines).
 pub fn spec() -> KernelSpec {
-    KernelSpec::new(FILE, &[COPY, L2_FLUSH, EMPTY, MMA, SPIN, SMEM_SUM, TRAP])
+    KernelSpec::new(FILE, &[COPY, L2_FLUSH, EMPTY, MMA, GATHER, SPIN, SMEM_SUM, TRAP])
 }
 
 pub struct Probe {
@@ -42,6 +43,9 @@ impl Probe {
     }
     pub fn mma(&self) -> &Kernel {
         self.get(MMA)
+    }
+    pub fn gather(&self) -> &Kernel {
+        self.get(GATHER)
     }
     pub fn spin(&self) -> &Kernel {
         self.get(SPIN)

@@ -38,8 +38,21 @@ pub struct Ceilings {
     pub tensor_tflops: f64,
     /// What `tensor_tflops` measured, e.g. `mma.sync bf16`.
     pub tensor_label: String,
+    /// Read-only rate of the gather probe with rows in order, GB/s.
+    pub read_gbps: f64,
+    /// Read-only rate of rows gathered in random order, per row size.
+    pub gather: Vec<GatherCeiling>,
     /// Timed runs behind each median.
     pub samples: usize,
+}
+
+/// Read rate of one row size in random order: what a page-size-1 KV cache
+/// of such rows can stream at best.
+#[derive(Clone, Debug, Serialize)]
+pub struct GatherCeiling {
+    pub row_bytes: usize,
+    /// Bytes read, GB/s (1e9).
+    pub gbps: f64,
 }
 
 /// Cost of launching an empty kernel.
@@ -124,6 +137,22 @@ impl DeviceReport {
                         c.samples
                     ),
                 ));
+                let rows: Vec<String> = c
+                    .gather
+                    .iter()
+                    .map(|g| {
+                        format!(
+                            "{} B rows {:.0} GB/s ({:.0}% of copy)",
+                            g.row_bytes,
+                            g.gbps,
+                            100.0 * g.gbps / c.copy_gbps
+                        )
+                    })
+                    .collect();
+                v.push((
+                    "read bandwidth".into(),
+                    format!("{:.0} GB/s in order; random order: {}", c.read_gbps, rows.join(", ")),
+                ));
                 v.push((
                     "tensor rate".into(),
                     format!(
@@ -180,6 +209,17 @@ mod tests {
                 copy_buffer_bytes: 2 << 30,
                 tensor_tflops: 612.3,
                 tensor_label: "mma.sync bf16".into(),
+                read_gbps: 3900.0,
+                gather: vec![
+                    GatherCeiling {
+                        row_bytes: 576,
+                        gbps: 2587.4,
+                    },
+                    GatherCeiling {
+                        row_bytes: 1152,
+                        gbps: 3449.9,
+                    },
+                ],
                 samples: 10,
             }),
             launch: None,
@@ -191,6 +231,10 @@ mod tests {
         assert_eq!(get("compute capability"), "9.0 -> sm_90a");
         assert!(get("copy bandwidth").starts_with("4312 GB/s"));
         assert!(get("tensor rate").starts_with("612.3 TFLOP/s (mma.sync bf16"));
+        assert_eq!(
+            get("read bandwidth"),
+            "3900 GB/s in order; random order: 576 B rows 2587 GB/s (60% of copy), 1152 B rows 3450 GB/s (80% of copy)"
+        );
         assert_eq!(get("kernel cache"), "off");
     }
 }
