@@ -11,6 +11,7 @@ pub mod compare;
 pub mod error;
 pub mod metrics;
 pub mod plan;
+pub mod provenance;
 pub mod reference;
 pub mod report;
 pub mod result;

@@ -402,3 +402,45 @@ fn resume_finishes_a_cut_run_without_repeating_rows() {
         .code(2)
         .stderr(predicates::str::contains("row sampling"));
 }
+
+#[test]
+fn runs_stamp_their_kernel_sources_and_resume_holds_to_them() {
+    let out = tempfile::tempdir().unwrap();
+    let kernels = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(kernels.path().join("common")).unwrap();
+    std::fs::write(kernels.path().join("ps1.cu"), "// v1").unwrap();
+    std::fs::write(kernels.path().join("common/core.cuh"), "// core").unwrap();
+    let cmd = |extra: &[&str]| {
+        let mut c = bin();
+        c.args([
+            "run",
+            "scenarios/smoke.toml",
+            "--backend",
+            "cpu",
+            "-q",
+            "--case",
+            "mla-b3",
+        ]);
+        c.arg("--kernels-dir").arg(kernels.path());
+        c.args(extra);
+        c
+    };
+    cmd(&["--run-id", "cut"]).arg("--out").arg(out.path()).assert().code(0);
+    let dir = out.path().join("cut");
+    let summary = std::fs::read_to_string(dir.join("summary.md")).unwrap();
+    assert!(summary.contains("(2 CUDA sources), sha256 `"), "{summary}");
+    // A run compared with itself: same sources, nothing changed.
+    bin()
+        .arg("compare")
+        .arg(&dir)
+        .arg(&dir)
+        .assert()
+        .code(0)
+        .stdout(predicates::str::contains("kernels: the same sources in both runs"));
+    // Edited sources cannot continue the run.
+    std::fs::write(kernels.path().join("ps1.cu"), "// v2").unwrap();
+    cmd(&["--resume", dir.to_str().unwrap()])
+        .assert()
+        .code(2)
+        .stderr(predicates::str::contains("kernel sources"));
+}

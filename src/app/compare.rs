@@ -11,8 +11,28 @@ use crate::report;
 pub fn compare(args: &crate::cli::CompareArgs) -> Result<u8> {
     let base = read_entries(&args.baseline, &args.regression.region)?;
     let cand = read_entries(&args.candidate, &args.regression.region)?;
-    let regressed = judge(&base, &cand, &args.regression, &args.baseline, None)?;
+    let kernels = crate::provenance::compare_line(
+        read_stamp(&args.baseline).as_ref(),
+        read_stamp(&args.candidate).as_ref(),
+    );
+    let regressed = judge(&base, &cand, &args.regression, &args.baseline, &kernels, None)?;
     Ok(if regressed { exit::CHECK_FAILED } else { exit::OK })
+}
+
+/// The kernels stamp in a run's rows.json (beside its rows.csv), if any.
+pub(super) fn read_stamp(path: &Path) -> Option<crate::provenance::KernelsStamp> {
+    #[derive(serde::Deserialize)]
+    struct Meta {
+        #[serde(default)]
+        kernels: Option<crate::provenance::KernelsStamp>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Run {
+        meta: Meta,
+    }
+    let dir = if path.is_dir() { path } else { path.parent()? };
+    let bytes = std::fs::read(dir.join("rows.json")).ok()?;
+    serde_json::from_slice::<Run>(&bytes).ok()?.meta.kernels
 }
 
 /// A run directory's rows.csv, or the CSV itself.
@@ -39,6 +59,7 @@ pub(super) fn judge(
     cand: &[crate::compare::Entry],
     gate: &crate::cli::RegressionGate,
     baseline: &Path,
+    kernels: &str,
     run_markdown: Option<&Path>,
 ) -> Result<bool> {
     if !(gate.threshold.is_finite() && gate.threshold >= 0.0) {
@@ -62,7 +83,8 @@ pub(super) fn judge(
         baseline.display(),
         report::compare::summary_line(&deltas)
     );
-    let md = report::compare::markdown(&deltas, &baseline.display().to_string(), thr, &gate.region);
+    println!("{kernels}");
+    let md = report::compare::markdown(&deltas, &baseline.display().to_string(), thr, &gate.region, kernels);
     for path in run_markdown.into_iter().chain(gate.markdown.as_deref()) {
         std::fs::write(path, &md).with_context(|| format!("writing {}", path.display()))?;
     }

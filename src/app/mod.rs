@@ -117,5 +117,6 @@ fn run_meta(e: &crate::cli::Execution, backend: &dyn Backend, scenarios: &[PathB
         check_rows: e.check_rows,
         reference_gflops: None,
         resumed: vec![],
+        kernels: crate::provenance::stamp_kernels(&e.kernels_dir),
     }
 }

@@ -12,7 +12,7 @@ use crate::report::{self, progress::Progress, RunDir, RunMeta};
 use crate::result::Status;
 use crate::runner::{self, Caches};
 
-use super::compare::{judge, read_entries};
+use super::compare::{judge, read_entries, read_stamp};
 use super::{default_scenarios, parse_variants, resolve_cases, run_meta, run_options};
 
 pub fn run(args: &RunArgs) -> Result<u8> {
@@ -122,7 +122,8 @@ pub fn run(args: &RunArgs) -> Result<u8> {
         (Some(b), Some(base)) => {
             let cand = report::compare::entries_from_rows(rows, &args.regression.region);
             let md = dir.path().join("compare.md");
-            judge(base, &cand, &args.regression, b, Some(&md))?
+            let kernels = crate::provenance::compare_line(read_stamp(b).as_ref(), dir.meta().kernels.as_ref());
+            judge(base, &cand, &args.regression, b, &kernels, Some(&md))?
         }
         _ => false,
     };
@@ -134,7 +135,8 @@ pub fn run(args: &RunArgs) -> Result<u8> {
 }
 
 /// Reopens a cut-short run for `--resume`; it must be a run of the same
-/// scenarios, backend and row sampling, or its rows would not be one report.
+/// scenarios, backend, row sampling and kernel sources, or its rows would not
+/// be one report.
 fn resume_dir(path: &Path, meta: RunMeta) -> Result<RunDir> {
     let mut dir = RunDir::resume(path).map_err(|e| InputError::Usage(format!("--resume: {e:#}")))?;
     let old = dir.meta();
@@ -153,6 +155,13 @@ fn resume_dir(path: &Path, meta: RunMeta) -> Result<RunDir> {
     if old.check_rows != meta.check_rows {
         let show = |c: Option<usize>| c.map_or("all rows".to_string(), |n| format!("--check-rows {n}"));
         return Err(differs("row sampling", show(old.check_rows), show(meta.check_rows)).into());
+    }
+    // A run stamped before stamps existed has none: nothing to hold it to.
+    if let (Some(was), Some(now)) = (&old.kernels, &meta.kernels) {
+        if was.sha256 != now.sha256 {
+            let show = |k: &crate::provenance::KernelsStamp| format!("sha256 {} ({})", k.short(), k.dir);
+            return Err(differs("kernel sources", show(was), show(now)).into());
+        }
     }
     dir.meta_mut().resumed.push(meta.command);
     Ok(dir)

@@ -163,11 +163,12 @@ pub fn table(deltas: &[Delta], tty: bool, limit: usize) -> String {
     s
 }
 
-/// The whole comparison as Markdown.
-pub fn markdown(deltas: &[Delta], baseline: &str, threshold: f64, region: &str) -> String {
+/// The whole comparison as Markdown; `kernels` is the line saying whether
+/// the two runs compiled the same kernel sources.
+pub fn markdown(deltas: &[Delta], baseline: &str, threshold: f64, region: &str, kernels: &str) -> String {
     let regressed = deltas.iter().any(|d| d.verdict.is_regression());
     let mut s = format!(
-        "## mlabench: {} against `{baseline}`\n\n{} rows; {region} time; a change counts past {:.1}% and outside the baseline's p10..p90.\n\n**{}**\n\n",
+        "## mlabench: {} against `{baseline}`\n\n{} rows; {region} time; a change counts past {:.1}% and outside the baseline's p10..p90. {kernels}.\n\n**{}**\n\n",
         if regressed { "regression" } else { "no regression" },
         deltas.len(),
         threshold * 100.0,
@@ -219,8 +220,12 @@ mod tests {
         let d = compare(&from_csv, &entries_from_rows(&[slow], "variant"), 0.05);
         assert_eq!(d[0].verdict, Verdict::Slower);
         assert_eq!(d[1].verdict, Verdict::Missing);
-        let md = markdown(&d, "base/rows.csv", 0.05, "variant");
+        let md = markdown(&d, "base/rows.csv", 0.05, "variant", "kernels: sources differ");
         assert!(md.contains("## mlabench: regression"), "{md}");
+        assert!(
+            md.contains("outside the baseline's p10..p90. kernels: sources differ.\n"),
+            "{md}"
+        );
         assert!(
             md.contains("| `c1` | ps1 |") && md.contains("+100.0%") && md.contains("SLOWER"),
             "{md}"

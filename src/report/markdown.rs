@@ -35,6 +35,15 @@ fn header(s: &mut String, meta: &RunMeta) {
     let _ = writeln!(s, "- backend: {}", meta.backend);
     let _ = writeln!(s, "- started: {} (mlabench {})", meta.started, meta.mlabench_version);
     let _ = writeln!(s, "- command: {}", code(&meta.command));
+    if let Some(k) = &meta.kernels {
+        let _ = writeln!(
+            s,
+            "- kernels: {} ({} CUDA sources), sha256 {}",
+            code(&k.dir),
+            k.files,
+            code(k.short())
+        );
+    }
     for c in &meta.resumed {
         let _ = writeln!(s, "- resumed by: {}", code(c));
     }

@@ -40,6 +40,10 @@ pub struct RunMeta {
     /// Commands that continued this run with `--resume`, in order.
     #[serde(default)]
     pub resumed: Vec<String>,
+    /// The kernel sources the run compiled (absent in runs made before the
+    /// stamp existed, and where the kernels dir holds no CUDA source).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernels: Option<crate::provenance::KernelsStamp>,
 }
 
 /// How many rows ended in each status.
@@ -286,6 +290,7 @@ pub(crate) mod testutil {
             check_rows: None,
             reference_gflops: None,
             resumed: vec![],
+            kernels: None,
         }
     }
 }
