@@ -112,9 +112,9 @@ fn results(s: &mut String, rows: &[Row]) {
     }
     let _ = writeln!(
         s,
-        "| case | variant | status | worst cos_diff | variant median | GB/s | %BW |"
+        "| case | variant | status | worst cos_diff | kernel median | variant median | GB/s | %BW |"
     );
-    let _ = writeln!(s, "|---|---|---|---:|---:|---:|---:|");
+    let _ = writeln!(s, "|---|---|---|---:|---:|---:|---:|---:|");
     for r in rows {
         let dash = || "-".to_string();
         let status = match r.status {
@@ -123,11 +123,12 @@ fn results(s: &mut String, rows: &[Row]) {
         };
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} |",
             cell(&r.case_id),
             cell(&r.variant),
             status,
             worst_output(r).map_or_else(dash, |c| sci(c.metrics.cos_diff)),
+            latency(r, "kernel").map_or_else(dash, |l| duration_ms(l.summary.median)),
             latency(r, "variant").map_or_else(dash, |l| duration_ms(l.summary.median)),
             r.gbps.map_or_else(dash, sig3),
             r.frac_bw.map_or_else(dash, percent),
@@ -208,8 +209,8 @@ mod tests {
         let results_at = md.find("## Results").unwrap();
         assert!(fail_at < results_at, "failures precede the results table");
         assert!(md.contains("**1 passed, 1 failed, 1 skipped, 0 errors**"));
-        assert!(md.contains("| mla-ok | ps1 | pass | 2.00e-7 | 25.0 µs | 4000 | 90.0% |"));
-        assert!(md.contains("| mla-skip | page64 | skip | - | - | - | - |"));
+        assert!(md.contains("| mla-ok | ps1 | pass | 2.00e-7 | 21.0 µs | 25.0 µs | 4000 | 90.0% |"));
+        assert!(md.contains("| mla-skip | page64 | skip | - | - | - | - | - |"));
         assert!(md.contains("| copy bandwidth (read + write) | 4200 GB/s |"));
         assert!(md.contains("| f64 CPU reference | not measured |"));
         assert!(md.contains("NVIDIA H200 (cuda, 132 compute units, L2 60 MiB)"));
