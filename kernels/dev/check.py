@@ -371,14 +371,17 @@ def block_threads(d):
     return 32 * d["WARPS"]
 
 
-def smem_bytes(fp8, mt, stages=None):
-    """Mirror of SMEM_BYTES in kernels/common/mla_core.cuh."""
-    stages = stages or 4
-    eb = 1 if fp8 else 2
-    rs = D_QK * eb + 16
-    bn = 64 if fp8 else 32
-    rows = 16 * mt
-    return stages * bn * rs + 4 * rows * (bn + 8) * 4 + rows * (bn + 8) * 2 + rows * 8
+def smem_bytes(d):
+    """Mirror of SMEM_BYTES in kernels/common/mla_core.cuh (and of `mla_smem`
+    in src/variants/kernels.rs) for a defines dict from `mla_defines`."""
+    fp8, rows = d["KV_FP8"], 16 * d["MT"]
+    groups, bn = d.get("GROUPS", 1), d.get("BN", 64 if fp8 else 32)
+    stages = d.get("STAGES", 2 if groups == 2 else 4)
+    if fp8:
+        per_group = stages * bn * 640 + 2 * rows * (bn + 4) * 4 + rows * (bn + 8) * 2 + rows * 8
+        return (groups * per_group + 1023) // 1024 * 1024 + 5 * rows * 128 + 1024
+    per_group = stages * bn * (D_QK * 2 + 16) + 4 * rows * (bn + 8) * 4 + rows * (bn + 8) * 2 + rows * 8
+    return groups * per_group + (rows * (D_QK * 2 + 16) if d.get("QSMEM", 0) else 0)
 
 
 class Kernels:
@@ -443,13 +446,11 @@ class Kernels:
 
 # Timing-only ablations of the fp8 path: each removes one kind of work (the
 # results are wrong on purpose); the time saved says what that work costs.
-_QC = "__device__ __forceinline__ void qk_cvt(unsigned w, unsigned& x, unsigned& y) {"
+# (The K-conversion and Q.K mma.sync ablations went with that path: since v8
+# Q.K runs on e4m3 wgmma, kernels/dev/NOTES.md.)
 _VC = "__device__ __forceinline__ void v_cvt(unsigned w, unsigned& x, unsigned& y) {"
 ABLATIONS = {
-    "noKcvt": [("common/fp8.cuh", _QC, _QC + " x = w; y = w ^ 0x55555555u; return;")],
     "noVcvt": [("common/fp8.cuh", _VC, _VC + " x = w; y = w ^ 0x55555555u; return;")],
-    "noQKmma": [("common/mla_core.cuh", "mma_f16(sacc[mt][n], qf[mt][c], b0, b1);",
-                 "sacc[mt][n][0] += __uint_as_float((b0 ^ b1 ^ qf[mt][c][0]) & 0x3fffffffu);")],
     "noPVmma": [("common/mla_core.cuh", f"mma_f16(oacc[mt][u * 4 + {k}], pa[mt], {x}, {y});",
                  f"oacc[mt][u * 4 + {k}][0] += __uint_as_float(({x} ^ {y} ^ pa[mt][{k}]) & 0x3fffffffu);")
                 for k, x, y in ((0, "e0", "e1"), (1, "o0", "o1"), (2, "e2", "e3"), (3, "o2", "o3"))],
@@ -469,7 +470,7 @@ class Ps1Run:
         self.d = mla_defines(case.hk, case.fp8, mt, stages, cvt, warps)
         if idx_pf is not None:
             self.d["IDX_PF"] = idx_pf
-        self.smem = smem_bytes(case.fp8, mt, stages)
+        self.smem = smem_bytes(self.d)
         self.fwd = K.fn("ps1.cu", self.d, "ps1_fwd", self.smem, patch)
         self.red = K.fn("ps1.cu", self.d, "ps1_reduce")
         self.plan = plan_ps1(self.sh["lens"], case.s_q, num_ctas)
@@ -513,7 +514,7 @@ class Page64Run:
         assert case.page == 64
         self.case, self.sh = case, case.shards[r]
         self.d = mla_defines(case.hk, case.fp8, mt, stages, cvt, warps)
-        self.smem = smem_bytes(case.fp8, mt, stages)
+        self.smem = smem_bytes(self.d)
         self.fwd = K.fn("page64.cu", self.d, "page64_fwd", self.smem, patch)
         self.mrg = K.fn("page64.cu", self.d, "page64_merge")
         self.n = n_splits or page64_splits(case.B, case.hk, case.s_q, self.sh["lens"], case.fp8)
