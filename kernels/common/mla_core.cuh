@@ -25,6 +25,9 @@
 //           0: each warp keeps its Q slice in registers (36 per m-tile).
 //           Default: 1 with GROUPS=2 (512 threads leave 128 registers each).
 //           fp8 always keeps Q in shared memory (the wgmma B operand).
+//   HOIST   fp8: 1 = per-pass address offsets for the loader and the V
+//           ldmatrix, per-tile wgmma descriptors plus constants (v8e:
+//           page64 +1..+8 points, ps1 -4..-7); 0 = per-use arithmetic (v8b)
 //   IDX_AHEAD  tiles between a token's pool-index load and its cp.async
 //           issue (1 or 2; default 1)
 //   TILE_SPLIT with GROUPS=2: 0 = group g takes tiles g, g+2, ... (default);
@@ -64,6 +67,9 @@
 #ifndef STAGES
 #define STAGES (GROUPS == 2 ? 2 : 4)
 #endif
+#ifndef HOIST
+#define HOIST 0
+#endif
 #ifndef IDX_AHEAD
 #define IDX_AHEAD 1
 #endif
@@ -84,6 +90,7 @@ static_assert(BN == 16 || BN == 32 || BN == 64, "BN must be 16, 32 or 64");
 static_assert(IDX_AHEAD == 1 || IDX_AHEAD == 2, "IDX_AHEAD must be 1 or 2");
 static_assert(TILE_SPLIT == 0 || TILE_SPLIT == 1, "TILE_SPLIT must be 0 or 1");
 static_assert(QSMEM == 0 || QSMEM == 1, "QSMEM must be 0 or 1");
+static_assert(HOIST == 0 || HOIST == 1, "HOIST must be 0 or 1");
 static_assert(!KV_FP8 || QSMEM == 0, "fp8 keeps Q in shared memory as e4m3: QSMEM is for bf16");
 static_assert(!KV_FP8 || (BN == 64 && WARPS / GROUPS == 8), "fp8: BN 64 (the wgmma M) and two warpgroups per group");
 
@@ -176,11 +183,49 @@ struct Pass {
   int t0, t1;           // tokens streamed: [t0, t1)
 };
 
+// The pool entry of token j: its row (page size 1) or its page (64). Kept as
+// the loaded int until the cp.async issue one or two tiles later: widening
+// it right away made the compiler consume the load at once, so the loader
+// warps waited out a full memory latency every tile (ps1 v8d/v8e).
 template <int PAGE>
-__device__ __forceinline__ long long pool_row(const int* __restrict__ idx, int j) {
-  if (PAGE == 1) return static_cast<long long>(__ldg(idx + j));
-  return static_cast<long long>(__ldg(idx + (j >> 6))) * 64 + (j & 63);
+__device__ __forceinline__ int pool_entry(const int* __restrict__ idx, int j) {
+  return __ldg(idx + (PAGE == 1 ? j : j >> 6));
 }
+
+#if KV_FP8
+// S^T partial of warpgroup WG (dims [288*WG, +288)): 9 wgmma k-steps of 32,
+// each into a fresh accumulator (two alternate) and summed in f32, because a
+// chained fp8 accumulator truncates to 13 bits at every step (the LSE missed
+// 1e-3 by up to 4.6x that way, kernels/dev/NOTES.md v8a). WG is a template argument
+// so every step's descriptor is the tile's plus a constant.
+template <int WG>
+__device__ __forceinline__ void qk_wgmma(float (&sacc)[ROWS / 2], unsigned long long k_desc,
+                                         unsigned long long q_desc) {
+  float part[2][ROWS / 2];
+#pragma unroll
+  for (int c = 0; c < 10; ++c) {
+    if (c < 9) {
+      const int d0 = 288 * WG + 32 * c;  // first dim (byte) of the k-step
+      const unsigned long long ka = static_cast<unsigned long long>(((d0 >> 7) * (BN * 128) + (d0 & 127)) >> 4);
+      const unsigned long long qb = static_cast<unsigned long long>(((d0 >> 7) * (ROWS * 128) + (d0 & 127)) >> 4);
+      wgmma_fence();  // part[c % 2] was last read by the f32 sum below
+      wgmma_e4m3<ROWS>(part[c % 2], k_desc + ka, q_desc + qb, 0);
+      wgmma_commit();
+    }
+    if (c >= 1) {
+      if (c < 9) {
+        wgmma_wait<1>();  // step c-1 done, step c in flight
+      } else {
+        wgmma_wait<0>();
+      }
+      float(&p)[ROWS / 2] = part[(c - 1) % 2];
+      fence_regs(p);
+#pragma unroll
+      for (int i = 0; i < ROWS / 2; ++i) sacc[i] = c == 1 ? p[i] : sacc[i] + p[i];
+    }
+  }
+}
+#endif
 
 // Runs one pass. Outputs go to `o` (bf16) or, with `to_part`, to `part_o`
 // (f32); `lse` is the matching LSE array. Must be called by all THREADS threads.
@@ -281,14 +326,28 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
   };
   const int ld_tok = tid / LD_TPT, ld_c = tid % LD_TPT;
   const bool loader = tid < LD_THREADS;
-  auto row_of = [&](int t) -> long long {
+#if KV_FP8 && HOIST
+  // fp8: chunk ld_c + 4k of the token sits in column block k/2 as chunk
+  // ld_c + 4(k%2), swizzled by the token's row: two offsets cover all nine
+  static_assert(LD_TPT == 4 && LD_CH == 9, "fp8 loader: 4 threads per token, 9 chunks each");
+  const unsigned ld_sw0 = ld_tok * 128 + ((ld_c ^ (ld_tok & 7)) << 4);
+  const unsigned ld_sw1 = ld_tok * 128 + (((ld_c + 4) ^ (ld_tok & 7)) << 4);
+#endif
+  auto row_of = [&](int t) -> int {  // -1: no token to load
     const int j = tok0(t) + ld_tok;
-    return (loader && t < ntiles && j < ps.t1) ? pool_row<PAGE>(idx, j) : -1ll;
+    return (loader && t < ntiles && j < ps.t1) ? pool_entry<PAGE>(idx, j) : -1;
   };
-  auto issue = [&](int t, long long row) {
+  auto issue = [&](int t, int ent) {
     if (!loader) return;
+    const long long row =
+        ent < 0 ? -1ll : (PAGE == 1 ? ent : static_cast<long long>(ent) * 64 + ((tok0(t) + ld_tok) & 63));
     const unsigned char* src = kv + (row < 0 ? 0ll : row * ROW_BYTES) + ld_c * 16;
-#if KV_FP8
+#if KV_FP8 && HOIST
+    const unsigned st = smem0 + (t % STAGES) * TILE_BYTES;
+    const unsigned d0 = st + ld_sw0, d1 = st + ld_sw1;
+#pragma unroll
+    for (int k = 0; k < LD_CH; ++k) cp_async16((k & 1 ? d1 : d0) + (k >> 1) * (BN * 128), src + k * 64, row >= 0);
+#elif KV_FP8
     // chunk ch of the token: column block ch/8, swizzled chunk (ch%8) ^ (token%8)
     const unsigned dst = smem0 + (t % STAGES) * TILE_BYTES + ld_tok * 128;
 #pragma unroll
@@ -303,7 +362,7 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
 #endif
   };
 
-  long long pre[STAGES - 1];
+  int pre[STAGES - 1];
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) pre[s] = row_of(s);
 #pragma unroll
@@ -311,9 +370,9 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
     if (s < ntiles) issue(s, pre[s]);
     cp_async_commit();
   }
-  long long nrow = row_of(STAGES - 1);  // prefetched IDX_AHEAD tiles ahead of its issue
+  int nrow = row_of(STAGES - 1);  // prefetched IDX_AHEAD tiles ahead of its issue
 #if IDX_AHEAD == 2
-  long long nrow2 = row_of(STAGES);
+  int nrow2 = row_of(STAGES);
 #endif
 
   float oacc[MT][NJ][4];
@@ -321,6 +380,18 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int j = 0; j < NJ; ++j) oacc[mt][j][0] = oacc[mt][j][1] = oacc[mt][j][2] = oacc[mt][j][3] = 0.f;
+
+#if KV_FP8 && HOIST
+  // P V: this lane's ldmatrix.trans row address in a tile, per 32-dim block u
+  // (token (li&1)*8 + lr of the k-step, V chunk warp*4 + 2u + li/2, swizzled)
+  unsigned v_off[NJ / 4];
+#pragma unroll
+  for (int u = 0; u < NJ / 4; ++u) {
+    const int ch = warp * (DW / 16) + u * 2 + (li >> 1);
+    v_off[u] = (ch >> 3) * (BN * 128) + ((li & 1) * 8 + lr) * 128 + (((ch & 7) ^ lr) << 4);
+  }
+  const unsigned long long q_desc = gmma_desc_sw128(q_s);
+#endif
 
   // Softmax role: row sr, tokens [sc, sc + TPT) of each tile.
   const int sr = tid / TPR, sc = (tid % TPR) * TPT;
@@ -347,13 +418,19 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
     const unsigned kt = smem0 + (t % STAGES) * TILE_BYTES;
 
 #if KV_FP8
-    // ---- S^T = K Q^T over this warpgroup's 288 dims: 9 wgmma k-steps of 32,
-    // each into a fresh accumulator (two alternate) and summed in f32: a
-    // chained fp8 accumulator truncates to 13 bits at every step (the LSE
-    // missed 1e-3 by 2x that way, kernels/dev/NOTES.md v8)
+    // ---- S^T = K Q^T, warpgroup wg over dims [288*wg, +288) (qk_wgmma)
     {
       const int wg = warp >> 2;
-      float sacc[ROWS / 2], part[2][ROWS / 2];
+      float sacc[ROWS / 2];
+#if HOIST
+      const unsigned long long k_desc = gmma_desc_sw128(kt);
+      if (wg == 0) {
+        qk_wgmma<0>(sacc, k_desc, q_desc);
+      } else {
+        qk_wgmma<1>(sacc, k_desc, q_desc);
+      }
+#else
+      float part[2][ROWS / 2];
 #pragma unroll
       for (int c = 0; c < 10; ++c) {
         if (c < 9) {
@@ -376,6 +453,7 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
           for (int i = 0; i < ROWS / 2; ++i) sacc[i] = c == 1 ? p[i] : sacc[i] + p[i];
         }
       }
+#endif
       // thread holds tokens 16*(warp%4) + g (+8) of heads 8b + 2qd (+1)
       float* dst = sp + (wg * ROWS + 2 * qd) * SP_LD + 16 * (warp & 3) + g;
 #pragma unroll
@@ -520,13 +598,17 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
       for (int mt = 0; mt < MT; ++mt)
         ldsm_x4(ps_base + ((mt * 16 + (li & 1) * 8 + lr) * PS_LD + ks * 16 + (li >> 1) * 8) * 2, pa[mt][0], pa[mt][1],
                 pa[mt][2], pa[mt][3]);
-      const int vtok = ks * 16 + (li & 1) * 8 + lr;
 #if KV_FP8
 #pragma unroll
       for (int u = 0; u < NJ / 4; ++u) {
         unsigned r0, r1, r2, r3;
+#if HOIST
+        ldsm_x4_t(kt + v_off[u] + ks * 16 * 128, r0, r1, r2, r3);
+#else
+        const int vtok = ks * 16 + (li & 1) * 8 + lr;
         const int ch = warp * (DW / 16) + u * 2 + (li >> 1);  // 16-byte chunk of V dims
         ldsm_x4_t(kt + (ch >> 3) * (BN * 128) + vtok * 128 + (((ch & 7) ^ lr) << 4), r0, r1, r2, r3);
+#endif
         unsigned e0, o0, e1, o1, e2, o2, e3, o3;
         v_cvt(r0, e0, o0);  // tokens 0-7 of dims [32u, +16)
         v_cvt(r1, e1, o1);  // tokens 8-15
@@ -541,6 +623,7 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
         }
       }
 #else
+      const int vtok = ks * 16 + (li & 1) * 8 + lr;
 #pragma unroll
       for (int p = 0; p < NJ / 2; ++p) {
         unsigned b0, b1, b2, b3;

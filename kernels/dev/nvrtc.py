@@ -110,8 +110,9 @@ class Nvrtc:
         return cubin, log, ptx
 
 
-def mla_defines(hk, fp8, mt, stages=None, cvt=None, warps=None):
-    """The shipped shape (src/variants/kernels.rs `mla_shape`), with overrides."""
+def mla_defines(hk, fp8, mt, stages=None, cvt=None, warps=None, hoist=0):
+    """The shipped shape (src/variants/kernels.rs `mla_shape`), with overrides.
+    `hoist`: the HOIST define, which the host passes as 1 for page64 fp8."""
     if mt == 1:
         d = {"WARPS": 16, "GROUPS": 2, "STAGES": 2, "QSMEM": 0 if fp8 else 1}
     else:
@@ -123,6 +124,8 @@ def mla_defines(hk, fp8, mt, stages=None, cvt=None, warps=None):
         d["STAGES"] = stages
     if cvt is not None:
         d["FP8_CVT"] = cvt
+    if hoist:
+        d["HOIST"] = 1
     return d
 
 
@@ -134,7 +137,7 @@ def all_configs():
         for hk in range(16, 129, 16):
             for mt, w in ((1, None), (1, 8), (2, None)):
                 cfgs.append(("ps1.cu", mla_defines(hk, fp8, mt, warps=w)))
-                cfgs.append(("page64.cu", mla_defines(hk, fp8, mt, warps=w)))
+                cfgs.append(("page64.cu", mla_defines(hk, fp8, mt, warps=w, hoist=fp8)))
     cfgs.append(("merge.cu", {}))
     return cfgs
 
@@ -146,7 +149,7 @@ def main():
         ("ps1.cu", mla_defines(96, 0, 2)), ("ps1.cu", mla_defines(96, 1, 2)),
         ("ps1.cu", mla_defines(16, 1, 1, cvt=1)), ("ps1.cu", mla_defines(16, 1, 2, stages=3)),
         ("ps1.cu", mla_defines(16, 1, 1, warps=8)), ("ps1.cu", mla_defines(16, 0, 1, warps=8)),
-        ("page64.cu", mla_defines(16, 0, 1)), ("page64.cu", mla_defines(128, 1, 2)),
+        ("page64.cu", mla_defines(16, 0, 1)), ("page64.cu", mla_defines(128, 1, 2, hoist=1)),
         ("merge.cu", {})]
     want_ptx = "--ptx" in sys.argv
 

@@ -93,8 +93,10 @@ pub fn ps1(hk: usize, fp8: bool, mt: usize) -> KernelSpec {
     mla("ps1.cu", &["ps1_fwd", "ps1_reduce"], hk, fp8, mt)
 }
 
+/// page64 fp8 hoists its address arithmetic out of the tile loop (`HOIST`,
+/// v8e in kernels/dev/NOTES.md); ps1 loses speed with the same change.
 pub fn page64(hk: usize, fp8: bool, mt: usize) -> KernelSpec {
-    mla("page64.cu", &["page64_fwd", "page64_merge"], hk, fp8, mt)
+    mla("page64.cu", &["page64_fwd", "page64_merge"], hk, fp8, mt).define("HOIST", fp8 as u8)
 }
 
 pub fn merge() -> KernelSpec {
