@@ -16,6 +16,17 @@ pub enum Dtype {
     Fp8,
 }
 
+/// Where a sequence's pages sit in the pool. Engines hand out pages from a
+/// free list, so `Shuffled` is the realistic case; `Contiguous` (page k of
+/// the whole batch is pool page k) isolates what the scattered gather costs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PoolOrder {
+    #[default]
+    Shuffled,
+    Contiguous,
+}
+
 impl fmt::Display for Dtype {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
@@ -77,6 +88,7 @@ pub struct MlaParams {
     pub s_q: usize,
     pub dtype: Dtype,
     pub page_size: usize,
+    pub pool: PoolOrder,
     pub sm_scale: f64,
 }
 

@@ -162,6 +162,7 @@ const MALFORMED: &[(&str, &str, &str)] = &[
     ("wrong type", "[[mla]]\nbatch = \"2\"\ncontext = 64\nheads_local = 16\nvariants = [\"ps1\"]\n", "batch"),
     ("missing key", "[[mla]]\ncontext = 64\nheads_local = 16\nvariants = [\"ps1\"]\n", "batch"),
     ("page size", "[[mla]]\nbatch = 2\ncontext = 64\nheads_local = 16\npage_size = 32\nvariants = [\"ps1\"]\n", "page_size"),
+    ("pool", "[[mla]]\nbatch = 2\ncontext = 64\nheads_local = 16\npool = \"sorted\"\nvariants = [\"ps1\"]\n", "pool"),
     ("dtype", "[[mla]]\nbatch = 2\ncontext = 64\nheads_local = 16\ndtype = \"fp4\"\nvariants = [\"ps1\"]\n", "dtype"),
     ("unknown variant", "[[mla]]\nbatch = 2\ncontext = 64\nheads_local = 16\nvariants = [\"ps2\"]\n", "variants"),
     ("wrong family", "[[mla]]\nbatch = 2\ncontext = 64\nheads_local = 16\nvariants = [\"v4_split\"]\n", "v4_split"),

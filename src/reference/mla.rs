@@ -148,7 +148,7 @@ impl Source for MlaSource<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::case::{Dtype, MlaParams};
+    use crate::case::{Dtype, MlaParams, PoolOrder};
     use crate::reference::combine::combine;
     use crate::workload::mla;
 
@@ -163,6 +163,7 @@ mod tests {
             s_q,
             dtype,
             page_size: 1,
+            pool: PoolOrder::Shuffled,
             sm_scale: 192f64.powf(-0.5),
         }
     }

@@ -7,7 +7,7 @@ pub mod raw;
 
 use std::path::{Path, PathBuf};
 
-use crate::case::{stable_hash, Case, CaseParams, Dtype, LayerType, MlaParams, V4Knobs, V4Params};
+use crate::case::{stable_hash, Case, CaseParams, Dtype, LayerType, MlaParams, PoolOrder, V4Knobs, V4Params};
 use crate::error::InputError;
 use crate::metrics::Tolerances;
 use crate::plan::gate::TargetProfile;
@@ -41,6 +41,7 @@ pub struct MlaBlock {
     pub dtype: Vec<Dtype>,
     /// `None`: each variant's native page size.
     pub page_size: Option<Vec<usize>>,
+    pub pool: PoolOrder,
     pub variants: Vec<VariantId>,
     pub force: Vec<VariantId>,
     pub sm_scale: f64,
@@ -260,6 +261,15 @@ fn mla_block(b: &RawMla, seed: u64) -> Result<MlaBlock, String> {
             "key `page_size`: {p} is not supported; the kernels take page size 1 (ps1) or 64 (page64)"
         ));
     }
+    let pool = match b.pool.as_deref() {
+        None | Some("shuffled") => PoolOrder::Shuffled,
+        Some("contiguous") => PoolOrder::Contiguous,
+        Some(o) => {
+            return Err(format!(
+                "key `pool`: unknown placement `{o}`; use \"shuffled\" (pages in random pool order, the default) or \"contiguous\""
+            ))
+        }
+    };
     let heads_bad = heads_local
         .iter()
         .flat_map(|&h| dcp_world.iter().map(move |&w| (h, w)))
@@ -293,6 +303,7 @@ fn mla_block(b: &RawMla, seed: u64) -> Result<MlaBlock, String> {
         s_q,
         dtype,
         page_size,
+        pool,
         variants,
         force,
         sm_scale: sm_scale(b.sm_scale, default_mla_sm_scale())?,
@@ -435,8 +446,11 @@ pub fn expand(sc: &Scenario) -> Expansion {
                                         let pages: Vec<usize> =
                                             b.page_size.clone().unwrap_or_else(|| vec![native_page_size(variant)]);
                                         for ps in pages {
-                                            let data_id =
-                                                format!("mla-b{batch}-c{}-h{hl}x{w}-s{s}-q{s_q}-{dtype}", ctx.label());
+                                            let contig = if b.pool == PoolOrder::Contiguous { "-contig" } else { "" };
+                                            let data_id = format!(
+                                                "mla-b{batch}-c{}-h{hl}x{w}-s{s}-q{s_q}-{dtype}{contig}",
+                                                ctx.label()
+                                            );
                                             let id = format!("{data_id}-p{ps}");
                                             let seed = stable_hash(&[&b.seed.to_le_bytes(), data_id.as_bytes()]);
                                             let params = MlaParams {
@@ -449,6 +463,7 @@ pub fn expand(sc: &Scenario) -> Expansion {
                                                 s_q,
                                                 dtype,
                                                 page_size: ps,
+                                                pool: b.pool,
                                                 sm_scale: b.sm_scale,
                                             };
                                             cases.push(Case {
@@ -578,6 +593,33 @@ pub fn data_id(case: &Case) -> String {
                 Some(n) => id.trim_end_matches(&format!("-n{n}")).to_string(),
                 None => id.to_string(),
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cases(text: &str) -> Vec<Case> {
+        let raw: RawScenario = toml::from_str(text).unwrap();
+        expand(&validate(Path::new("t.toml"), raw).unwrap()).cases
+    }
+
+    #[test]
+    fn contiguous_pool_cases_carry_it_in_params_and_id() {
+        let block = "[[mla]]\nbatch = 2\ncontext = 64\nheads_local = 16\nvariants = [\"ps1\", \"page64\"]\n";
+        let shuffled = cases(block);
+        let contig = cases(&format!("{block}pool = \"contiguous\"\n"));
+        assert_eq!(shuffled.len(), contig.len());
+        for (a, b) in shuffled.iter().zip(&contig) {
+            let (CaseParams::Mla(pa), CaseParams::Mla(pb)) = (&a.params, &b.params) else {
+                panic!("mla cases")
+            };
+            assert_eq!((pa.pool, pb.pool), (PoolOrder::Shuffled, PoolOrder::Contiguous));
+            assert!(!a.id.contains("contig"), "{}", a.id);
+            assert!(b.id.contains("-contig-p"), "{}", b.id);
+            assert_eq!(data_id(b), b.id.trim_end_matches(&format!("-p{}", pb.page_size)));
         }
     }
 }

@@ -31,6 +31,8 @@ pub struct RawMla {
     pub s_q: Option<toml::Value>,
     pub dtype: Option<toml::Value>,
     pub page_size: Option<toml::Value>,
+    /// "shuffled" (default) or "contiguous" page placement.
+    pub pool: Option<String>,
     pub variants: Option<toml::Value>,
     pub force: Option<toml::Value>,
     pub sm_scale: Option<f64>,

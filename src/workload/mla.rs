@@ -8,7 +8,7 @@ use super::codec::{self, BF16_NAN, E4M3_MAX, E4M3_NAN};
 use super::dcp;
 use super::rng;
 use super::Elems;
-use crate::case::{Dtype, MlaParams, MLA_D_QK};
+use crate::case::{Dtype, MlaParams, PoolOrder, MLA_D_QK};
 
 #[derive(Debug)]
 pub struct MlaWorkload {
@@ -173,7 +173,9 @@ fn build_shard(p: &MlaParams, r: usize, kv: &Elems, g_kv_indptr: &[i32], seed: u
     // Slack pages stay NaN, so any read outside the page table shows up.
     let num_pages = used + used / 16 + 1;
     let mut perm: Vec<i32> = (0..num_pages as i32).collect();
-    perm.shuffle(&mut rng::stream(seed, &format!("pages{r}"), 0));
+    if p.pool == PoolOrder::Shuffled {
+        perm.shuffle(&mut rng::stream(seed, &format!("pages{r}"), 0));
+    }
 
     let mut kv_indptr = vec![0i32; p.batch + 1];
     let mut kv_last_page_len = vec![0i32; p.batch];
@@ -232,6 +234,7 @@ mod tests {
             s_q: 2,
             dtype,
             page_size: ps,
+            pool: PoolOrder::Shuffled,
             sm_scale: 0.1,
         }
     }
@@ -277,6 +280,34 @@ mod tests {
                         assert!(
                             decode(&sh.pool, slot * MLA_D_QK).is_nan(),
                             "unused slot {slot} must be NaN"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn contiguous_pool_holds_the_same_tokens_in_page_order() {
+        for ps in [1, 64] {
+            let shuffled = params(Dtype::Bf16, ps, 2, 1);
+            let contig = MlaParams {
+                pool: PoolOrder::Contiguous,
+                ..shuffled.clone()
+            };
+            let (a, b) = (build(&shuffled, 4).unwrap(), build(&contig, 4).unwrap());
+            assert_eq!(a.kv_vals, b.kv_vals);
+            for (sa, sb) in a.shards.iter().zip(&b.shards) {
+                let used = sb.kv_indices.len() as i32;
+                assert_eq!(sb.kv_indices, (0..used).collect::<Vec<i32>>(), "page size {ps}");
+                assert_ne!(sa.kv_indices, sb.kv_indices, "page size {ps}: the default shuffles");
+                assert_eq!(sa.kv_indptr, sb.kv_indptr);
+                for bq in 0..contig.batch {
+                    for j in 0..sb.local_lens[bq] {
+                        let (x, y) = (sa.slot(bq, j, ps) * MLA_D_QK, sb.slot(bq, j, ps) * MLA_D_QK);
+                        assert_eq!(
+                            sa.pool.as_bytes()[x * 2..(x + MLA_D_QK) * 2],
+                            sb.pool.as_bytes()[y * 2..(y + MLA_D_QK) * 2]
                         );
                     }
                 }
