@@ -284,7 +284,32 @@ fn run_against_a_baseline_fails_on_a_slowdown_and_writes_compare_md() {
         .assert()
         .code(0);
     let base = out.path().join("base");
-    // The same run judged against itself with a wide threshold: no regression.
+    // Baselines made from the run's own rows with every time scaled, so the
+    // verdicts do not depend on how loaded this machine is.
+    let scaled = |factor: f64, name: &str| {
+        let csv = std::fs::read_to_string(base.join("rows.csv")).unwrap();
+        let mut r = ::csv::Reader::from_reader(csv.as_bytes());
+        let header = r.headers().unwrap().clone();
+        let mut w = ::csv::Writer::from_writer(Vec::new());
+        w.write_record(&header).unwrap();
+        for rec in r.records() {
+            let rec = rec.unwrap();
+            let cells: Vec<String> = rec
+                .iter()
+                .zip(header.iter())
+                .map(|(v, h)| match (h.ends_with("_ms"), v.parse::<f64>()) {
+                    (true, Ok(x)) => (x * factor).to_string(),
+                    _ => v.to_string(),
+                })
+                .collect();
+            w.write_record(&cells).unwrap();
+        }
+        let path = out.path().join(name);
+        std::fs::write(&path, w.into_inner().unwrap()).unwrap();
+        path
+    };
+    // Against a baseline 1000x slower than anything real: no regression.
+    let slow = scaled(1000.0, "slow.csv");
     bin()
         .args([
             "run",
@@ -293,39 +318,19 @@ fn run_against_a_baseline_fails_on_a_slowdown_and_writes_compare_md() {
             "cpu",
             "--run-id",
             "same",
-            "--threshold",
-            "1000",
             "--out",
         ])
         .arg(out.path())
         .args(filter)
         .arg("--baseline")
-        .arg(&base)
+        .arg(&slow)
         .assert()
         .code(0);
     let md = std::fs::read_to_string(out.path().join("same/compare.md")).unwrap();
     assert!(md.starts_with("## mlabench: no regression"), "{md}");
 
     // A baseline 1000x faster than anything real: every timed row is slower.
-    let csv = std::fs::read_to_string(base.join("rows.csv")).unwrap();
-    let mut r = ::csv::Reader::from_reader(csv.as_bytes());
-    let header = r.headers().unwrap().clone();
-    let mut w = ::csv::Writer::from_writer(Vec::new());
-    w.write_record(&header).unwrap();
-    for rec in r.records() {
-        let rec = rec.unwrap();
-        let cells: Vec<String> = rec
-            .iter()
-            .zip(header.iter())
-            .map(|(v, h)| match (h.ends_with("_ms"), v.parse::<f64>()) {
-                (true, Ok(x)) => (x / 1000.0).to_string(),
-                _ => v.to_string(),
-            })
-            .collect();
-        w.write_record(&cells).unwrap();
-    }
-    let fast = out.path().join("fast.csv");
-    std::fs::write(&fast, w.into_inner().unwrap()).unwrap();
+    let fast = scaled(0.001, "fast.csv");
     let o = bin()
         .args(["compare"])
         .arg(&fast)
