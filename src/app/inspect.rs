@@ -4,7 +4,7 @@ use anyhow::Result;
 use std::path::PathBuf;
 
 use crate::backend;
-use crate::case::{Case, CaseParams};
+use crate::case::{Case, CaseParams, PoolOrder};
 use crate::cli::{KernelsArgs, ListArgs, PlanArgs};
 use crate::error::{exit, InputError};
 use crate::scenario::{self, data_id};
@@ -97,6 +97,9 @@ fn describe_data(case: &Case) {
                 p.dtype,
                 p.ctx
             );
+            if p.pool == PoolOrder::Contiguous {
+                println!("  pool: contiguous (pages in pool order)");
+            }
             if p.dcp_world > 1 {
                 for r in 0..p.dcp_world {
                     let l: Vec<usize> = p
