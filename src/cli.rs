@@ -30,6 +30,9 @@ pub enum Command {
     Splits(SplitsArgs),
     /// Compare a run with a baseline: speed and check status per (case, variant); exit 1 on a regression.
     Compare(CompareArgs),
+    /// A/B two kernel builds from runs alternated in one session: medians over
+    /// the rounds, judged against each side's own drift; exit 1 on a regression.
+    Ab(AbArgs),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -88,6 +91,29 @@ pub struct CompareArgs {
     pub candidate: PathBuf,
     #[command(flatten)]
     pub regression: RegressionGate,
+}
+
+#[derive(Args, Debug)]
+pub struct AbArgs {
+    /// A control run (a run directory or its rows.csv); repeat it, one per round.
+    #[arg(long = "control", value_name = "RUN", required = true)]
+    pub control: Vec<PathBuf>,
+    /// A candidate run; repeat it, one per round.
+    #[arg(long = "candidate", value_name = "RUN", required = true)]
+    pub candidate: Vec<PathBuf>,
+    /// A time change counts past this many percent and past both sides'
+    /// round-to-round drift.
+    #[arg(long, default_value_t = 2.0, value_name = "PCT")]
+    pub threshold: f64,
+    /// Timed region to compare: variant (kernel + merge/reduce) or kernel.
+    #[arg(long, default_value = "variant")]
+    pub region: String,
+    /// Also write the A/B as Markdown to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub markdown: Option<PathBuf>,
+    /// Rows listed in the terminal table.
+    #[arg(long, default_value_t = 40, value_name = "N")]
+    pub show: usize,
 }
 
 /// When a comparison with a baseline fails.

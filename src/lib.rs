@@ -3,6 +3,7 @@
 //! Data flows one way: scenario -> cases -> workload -> plans -> backend ->
 //! reference -> metrics -> stats -> reports (see DESIGN.md).
 
+pub mod ab;
 pub mod app;
 pub mod backend;
 pub mod case;

@@ -15,6 +15,7 @@ fn run() -> anyhow::Result<u8> {
         Command::Kernels(a) => app::kernels(a),
         Command::Splits(a) => app::splits(a),
         Command::Compare(a) => app::compare(a),
+        Command::Ab(a) => app::ab(a),
     }
 }
 

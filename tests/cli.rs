@@ -287,25 +287,8 @@ fn run_against_a_baseline_fails_on_a_slowdown_and_writes_compare_md() {
     // Baselines made from the run's own rows with every time scaled, so the
     // verdicts do not depend on how loaded this machine is.
     let scaled = |factor: f64, name: &str| {
-        let csv = std::fs::read_to_string(base.join("rows.csv")).unwrap();
-        let mut r = ::csv::Reader::from_reader(csv.as_bytes());
-        let header = r.headers().unwrap().clone();
-        let mut w = ::csv::Writer::from_writer(Vec::new());
-        w.write_record(&header).unwrap();
-        for rec in r.records() {
-            let rec = rec.unwrap();
-            let cells: Vec<String> = rec
-                .iter()
-                .zip(header.iter())
-                .map(|(v, h)| match (h.ends_with("_ms"), v.parse::<f64>()) {
-                    (true, Ok(x)) => (x * factor).to_string(),
-                    _ => v.to_string(),
-                })
-                .collect();
-            w.write_record(&cells).unwrap();
-        }
         let path = out.path().join(name);
-        std::fs::write(&path, w.into_inner().unwrap()).unwrap();
+        scaled_rows(&base, factor, &path);
         path
     };
     // Against a baseline 1000x slower than anything real: no regression.
@@ -355,6 +338,84 @@ fn run_against_a_baseline_fails_on_a_slowdown_and_writes_compare_md() {
             "--out",
         ])
         .arg(out.path())
+        .assert()
+        .code(2)
+        .stderr(predicates::str::contains("no/such/run"));
+}
+
+/// rows.csv of `run` with every time column multiplied by `factor`.
+fn scaled_rows(run: &std::path::Path, factor: f64, to: &std::path::Path) {
+    let csv = std::fs::read_to_string(run.join("rows.csv")).unwrap();
+    let mut r = ::csv::Reader::from_reader(csv.as_bytes());
+    let header = r.headers().unwrap().clone();
+    let mut w = ::csv::Writer::from_writer(Vec::new());
+    w.write_record(&header).unwrap();
+    for rec in r.records() {
+        let rec = rec.unwrap();
+        let cells: Vec<String> = rec
+            .iter()
+            .zip(header.iter())
+            .map(|(v, h)| match (h.ends_with("_ms"), v.parse::<f64>()) {
+                (true, Ok(x)) => (x * factor).to_string(),
+                _ => v.to_string(),
+            })
+            .collect();
+        w.write_record(&cells).unwrap();
+    }
+    std::fs::write(to, w.into_inner().unwrap()).unwrap();
+}
+
+#[test]
+fn ab_pools_rounds_and_judges_against_the_drift() {
+    let out = tempfile::tempdir().unwrap();
+    bin()
+        .args(["run", "scenarios/smoke.toml", "--backend", "cpu", "-q", "--run-id", "r"])
+        .args(["--case", "mla-b3-cu8-200-h16x1-s1-q1-bf16", "--out"])
+        .arg(out.path())
+        .assert()
+        .code(0);
+    let run = out.path().join("r");
+    let p = |name: &str| out.path().join(name);
+    // Control rounds drift 4%; the candidate is 2x faster in both rounds.
+    for (name, f) in [("c1.csv", 1.0), ("c2.csv", 1.04), ("d1.csv", 0.5), ("d2.csv", 0.51)] {
+        scaled_rows(&run, f, &p(name));
+    }
+    let ab = |ctl: [&str; 2], cand: [&str; 2]| {
+        let mut c = bin();
+        c.arg("ab");
+        for (a, b) in ctl.iter().zip(cand) {
+            c.arg("--control").arg(p(a)).arg("--candidate").arg(p(b));
+        }
+        c
+    };
+    let o = ab(["c1.csv", "c2.csv"], ["d1.csv", "d2.csv"])
+        .arg("--markdown")
+        .arg(p("ab.md"))
+        .assert()
+        .code(0)
+        .get_output()
+        .stdout
+        .clone();
+    let s = String::from_utf8_lossy(&o);
+    assert!(s.contains("3 faster (geomean -50."), "{s}");
+    assert!(s.contains("control drift up to 4.0%"), "{s}");
+    let md = std::fs::read_to_string(p("ab.md")).unwrap();
+    assert!(md.starts_with("## mlabench A/B: no regression"), "{md}");
+    // The other way round every row is slower: exit 1.
+    ab(["d1.csv", "d2.csv"], ["c1.csv", "c2.csv"])
+        .assert()
+        .code(1)
+        .stdout(predicates::str::contains("SLOWER"));
+    // A 3% change inside the control's 4% drift is no verdict.
+    scaled_rows(&run, 1.03, &p("e.csv"));
+    ab(["c1.csv", "c2.csv"], ["e.csv", "e.csv"])
+        .assert()
+        .code(0)
+        .stdout(predicates::str::contains("3 same"));
+    // A missing run is bad input.
+    bin()
+        .args(["ab", "--control", "no/such/run", "--candidate"])
+        .arg(p("d1.csv"))
         .assert()
         .code(2)
         .stderr(predicates::str::contains("no/such/run"));

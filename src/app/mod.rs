@@ -1,11 +1,13 @@
 //! The subcommands, each reading top to bottom: resolve, execute, report.
 //! One file a command; what several share is here.
 
+mod ab;
 mod compare;
 mod inspect;
 mod run;
 mod splits;
 
+pub use ab::ab;
 pub use compare::compare;
 pub use inspect::{device, kernels, list, plan};
 pub use run::run;

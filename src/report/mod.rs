@@ -2,6 +2,7 @@
 //! (and `--dump`) decide where they go, so every format can be tested
 //! without touching the disk.
 
+pub mod ab;
 pub mod compare;
 pub mod csv;
 pub mod dump;

@@ -1,0 +1,47 @@
+//! `mlabench ab`: pooled A/B of runs alternated in one session (no GPU).
+
+use anyhow::{Context, Result};
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+use super::compare::{read_entries, read_stamp};
+use crate::error::{exit, InputError};
+use crate::report;
+
+pub fn ab(args: &crate::cli::AbArgs) -> Result<u8> {
+    if !(args.threshold.is_finite() && args.threshold >= 0.0) {
+        return Err(InputError::Usage(format!("--threshold {}: give a percentage >= 0", args.threshold)).into());
+    }
+    let read = |paths: &[PathBuf]| -> Result<Vec<_>, InputError> {
+        paths.iter().map(|p| read_entries(p, &args.region)).collect()
+    };
+    let (control, candidate) = (read(&args.control)?, read(&args.candidate)?);
+    let thr = args.threshold / 100.0;
+    let rows = crate::ab::ab(&control, &candidate, thr);
+    if rows.iter().all(|r| r.verdict == crate::ab::AbVerdict::Incomplete) {
+        return Err(InputError::Usage(
+            "no (case, variant) row is timed with one clock in every run; give runs of the same scenario and cases, timed".into(),
+        )
+        .into());
+    }
+    println!(
+        "{}",
+        report::ab::table(&rows, std::io::stdout().is_terminal(), args.show)
+    );
+    println!("A/B: {}", report::ab::summary_line(&rows));
+    let stamp = |p: &PathBuf| read_stamp(p);
+    println!(
+        "{}",
+        crate::provenance::compare_line(stamp(&args.control[0]).as_ref(), stamp(&args.candidate[0]).as_ref())
+    );
+    if let Some(path) = &args.markdown {
+        let names = |ps: &[PathBuf]| ps.iter().map(|p| p.display().to_string()).collect::<Vec<_>>();
+        let md = report::ab::markdown(&rows, &names(&args.control), &names(&args.candidate), thr, &args.region);
+        std::fs::write(path, md).with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(if rows.iter().any(|r| r.verdict.is_regression()) {
+        exit::CHECK_FAILED
+    } else {
+        exit::OK
+    })
+}
