@@ -105,15 +105,8 @@ pub struct AbArgs {
     /// round-to-round drift.
     #[arg(long, default_value_t = 2.0, value_name = "PCT")]
     pub threshold: f64,
-    /// Timed region to compare: variant (kernel + merge/reduce) or kernel.
-    #[arg(long, default_value = "variant")]
-    pub region: String,
-    /// Also write the A/B as Markdown to FILE.
-    #[arg(long, value_name = "FILE")]
-    pub markdown: Option<PathBuf>,
-    /// Rows listed in the terminal table.
-    #[arg(long, default_value_t = 40, value_name = "N")]
-    pub show: usize,
+    #[command(flatten)]
+    pub view: CompareView,
 }
 
 /// When a comparison with a baseline fails.
@@ -123,13 +116,20 @@ pub struct RegressionGate {
     /// baseline's p10..p90.
     #[arg(long, default_value_t = 5.0, value_name = "PCT")]
     pub threshold: f64,
+    #[command(flatten)]
+    pub view: CompareView,
+}
+
+/// What `compare`, `run --baseline` and `ab` compare and where it goes.
+#[derive(Args, Debug)]
+pub struct CompareView {
     /// Timed region to compare: variant (kernel + merge/reduce) or kernel.
     #[arg(long, default_value = "variant")]
     pub region: String,
     /// Also write the comparison as Markdown to FILE (a pull-request comment).
     #[arg(long, value_name = "FILE")]
     pub markdown: Option<PathBuf>,
-    /// Changed rows listed in the terminal table.
+    /// Rows listed in the terminal table.
     #[arg(long, default_value_t = 40, value_name = "N")]
     pub show: usize,
 }

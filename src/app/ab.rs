@@ -13,7 +13,7 @@ pub fn ab(args: &crate::cli::AbArgs) -> Result<u8> {
         return Err(InputError::Usage(format!("--threshold {}: give a percentage >= 0", args.threshold)).into());
     }
     let read = |paths: &[PathBuf]| -> Result<Vec<_>, InputError> {
-        paths.iter().map(|p| read_entries(p, &args.region)).collect()
+        paths.iter().map(|p| read_entries(p, &args.view.region)).collect()
     };
     let (control, candidate) = (read(&args.control)?, read(&args.candidate)?);
     let thr = args.threshold / 100.0;
@@ -26,7 +26,7 @@ pub fn ab(args: &crate::cli::AbArgs) -> Result<u8> {
     }
     println!(
         "{}",
-        report::ab::table(&rows, std::io::stdout().is_terminal(), args.show)
+        report::ab::table(&rows, std::io::stdout().is_terminal(), args.view.show)
     );
     println!("A/B: {}", report::ab::summary_line(&rows));
     let stamp = |p: &PathBuf| read_stamp(p);
@@ -34,9 +34,15 @@ pub fn ab(args: &crate::cli::AbArgs) -> Result<u8> {
         "{}",
         crate::provenance::compare_line(stamp(&args.control[0]).as_ref(), stamp(&args.candidate[0]).as_ref())
     );
-    if let Some(path) = &args.markdown {
+    if let Some(path) = &args.view.markdown {
         let names = |ps: &[PathBuf]| ps.iter().map(|p| p.display().to_string()).collect::<Vec<_>>();
-        let md = report::ab::markdown(&rows, &names(&args.control), &names(&args.candidate), thr, &args.region);
+        let md = report::ab::markdown(
+            &rows,
+            &names(&args.control),
+            &names(&args.candidate),
+            thr,
+            &args.view.region,
+        );
         std::fs::write(path, md).with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(if rows.iter().any(|r| r.verdict.is_regression()) {

@@ -9,8 +9,8 @@ use crate::report;
 
 /// Compares two finished runs (no GPU): exit 1 on a regression.
 pub fn compare(args: &crate::cli::CompareArgs) -> Result<u8> {
-    let base = read_entries(&args.baseline, &args.regression.region)?;
-    let cand = read_entries(&args.candidate, &args.regression.region)?;
+    let base = read_entries(&args.baseline, &args.regression.view.region)?;
+    let cand = read_entries(&args.candidate, &args.regression.view.region)?;
     let kernels = crate::provenance::compare_line(
         read_stamp(&args.baseline).as_ref(),
         read_stamp(&args.candidate).as_ref(),
@@ -76,7 +76,7 @@ pub(super) fn judge(
     }
     println!(
         "{}",
-        report::compare::table(&deltas, std::io::stdout().is_terminal(), gate.show)
+        report::compare::table(&deltas, std::io::stdout().is_terminal(), gate.view.show)
     );
     println!(
         "against {}: {}",
@@ -84,8 +84,14 @@ pub(super) fn judge(
         report::compare::summary_line(&deltas)
     );
     println!("{kernels}");
-    let md = report::compare::markdown(&deltas, &baseline.display().to_string(), thr, &gate.region, kernels);
-    for path in run_markdown.into_iter().chain(gate.markdown.as_deref()) {
+    let md = report::compare::markdown(
+        &deltas,
+        &baseline.display().to_string(),
+        thr,
+        &gate.view.region,
+        kernels,
+    );
+    for path in run_markdown.into_iter().chain(gate.view.markdown.as_deref()) {
         std::fs::write(path, &md).with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(deltas.iter().any(|d| d.verdict.is_regression()))

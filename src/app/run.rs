@@ -20,11 +20,11 @@ pub fn run(args: &RunArgs) -> Result<u8> {
     let (mut cases, notes) = resolve_cases(&paths, &args.cases, &parse_variants(&args.variants)?)?;
     let forced = parse_variants(&args.force)?;
     // A bad baseline fails before anything is measured.
-    if args.baseline.is_none() && args.regression.markdown.is_some() {
+    if args.baseline.is_none() && args.regression.view.markdown.is_some() {
         return Err(InputError::Usage("--markdown writes the baseline comparison: add --baseline RUN".into()).into());
     }
     let baseline = match &args.baseline {
-        Some(b) => Some(read_entries(b, &args.regression.region)?),
+        Some(b) => Some(read_entries(b, &args.regression.view.region)?),
         None => None,
     };
     for c in cases.iter_mut().filter(|c| forced.contains(&c.variant)) {
@@ -120,7 +120,7 @@ pub fn run(args: &RunArgs) -> Result<u8> {
     let failed = rows.iter().any(|r| matches!(r.status, Status::Fail | Status::Error));
     let regressed = match (&args.baseline, &baseline) {
         (Some(b), Some(base)) => {
-            let cand = report::compare::entries_from_rows(rows, &args.regression.region);
+            let cand = report::compare::entries_from_rows(rows, &args.regression.view.region);
             let md = dir.path().join("compare.md");
             let kernels = crate::provenance::compare_line(read_stamp(b).as_ref(), dir.meta().kernels.as_ref());
             judge(base, &cand, &args.regression, b, &kernels, Some(&md))?
