@@ -16,6 +16,28 @@ pub enum Dtype {
     Fp8,
 }
 
+/// How the ps1 work list is cut (SPEC §1 fixes the invariants, not the
+/// schedule). `Payload` is the default, after aiter and FlashMLA; see
+/// plan/balance.rs for `Balanced`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Ps1Schedule {
+    /// A fixed payload per CTA in sequence order (may overshoot it by a minimum chunk).
+    #[default]
+    Payload,
+    /// Whole tile pairs, the smallest per-CTA load a fill in sequence order meets.
+    Balanced,
+}
+
+impl fmt::Display for Ps1Schedule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Ps1Schedule::Payload => "payload",
+            Ps1Schedule::Balanced => "balanced",
+        })
+    }
+}
+
 /// Where a sequence's pages sit in the pool. Engines hand out pages from a
 /// free list, so `Shuffled` is the realistic case; `Contiguous` (page k of
 /// the whole batch is pool page k) isolates what the scattered gather costs.
@@ -185,6 +207,8 @@ pub struct Case {
     /// Compute units the plans assume (profile default unless overridden).
     pub cus: usize,
     pub v4: V4Knobs,
+    /// The ps1 work-list schedule (a run option, not part of the id).
+    pub ps1_schedule: Ps1Schedule,
     pub scenario: PathBuf,
 }
 

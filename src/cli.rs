@@ -3,6 +3,8 @@
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 
+use crate::case::Ps1Schedule;
+
 #[derive(Parser, Debug)]
 #[command(
     name = "mlabench",
@@ -75,6 +77,10 @@ pub struct RunArgs {
     /// (case, variant) rows it has are kept, the rest (and errors) run.
     #[arg(long, value_name = "RUN_DIR", conflicts_with = "run_id")]
     pub resume: Option<PathBuf>,
+    /// How ps1 work lists are cut: payload (the default) or balanced; the
+    /// case ids stay the same, so `mlabench ab` can compare the two.
+    #[arg(long, value_enum, default_value_t = Ps1Schedule::Payload)]
+    pub ps1_schedule: Ps1Schedule,
     /// Compare with this baseline (a run directory or its rows.csv) and exit 1
     /// on a regression; the comparison is also written to the run's compare.md.
     #[arg(long, value_name = "RUN")]
@@ -150,6 +156,9 @@ pub struct PlanArgs {
     /// Print every work item (default: a per-rank digest).
     #[arg(long)]
     pub items: bool,
+    /// How ps1 work lists are cut: payload (the default) or balanced.
+    #[arg(long, value_enum, default_value_t = Ps1Schedule::Payload)]
+    pub ps1_schedule: Ps1Schedule,
 }
 
 #[derive(Args, Debug)]

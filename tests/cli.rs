@@ -422,6 +422,42 @@ fn ab_pools_rounds_and_judges_against_the_drift() {
 }
 
 #[test]
+fn balanced_ps1_schedule_passes_and_a_resume_holds_to_it() {
+    let out = tempfile::tempdir().unwrap();
+    let run = |extra: &[&str]| {
+        let mut c = bin();
+        c.args([
+            "run",
+            "scenarios/smoke.toml",
+            "--backend",
+            "cpu",
+            "--variant",
+            "ps1",
+            "--no-timing",
+            "-q",
+        ]);
+        c.args(extra).arg("--out").arg(out.path());
+        c
+    };
+    run(&["--ps1-schedule", "balanced", "--run-id", "b"]).assert().code(0);
+    let rows = json_rows(out.path());
+    assert!(
+        !rows.is_empty() && rows.iter().all(|r| r["status"] == "pass"),
+        "{rows:?}"
+    );
+    assert!(rows
+        .iter()
+        .all(|r| r["plan"].as_str().unwrap().contains("schedule=balanced")));
+    let md = std::fs::read_to_string(out.path().join("b/summary.md")).unwrap();
+    assert!(md.contains("- ps1 schedule: balanced"), "{md}");
+    let dir = out.path().join("b");
+    run(&["--resume", dir.to_str().unwrap()])
+        .assert()
+        .code(2)
+        .stderr(predicates::str::contains("--ps1-schedule balanced"));
+}
+
+#[test]
 fn resume_finishes_a_cut_run_without_repeating_rows() {
     let out = tempfile::tempdir().unwrap();
     let cmd = |extra: &[&str]| {

@@ -49,7 +49,10 @@ pub fn list(args: &ListArgs) -> Result<u8> {
 }
 
 pub fn plan(args: &PlanArgs) -> Result<u8> {
-    let (cases, notes) = resolve_cases(std::slice::from_ref(&args.scenario), &args.cases, &[])?;
+    let (mut cases, notes) = resolve_cases(std::slice::from_ref(&args.scenario), &args.cases, &[])?;
+    for c in &mut cases {
+        c.ps1_schedule = args.ps1_schedule;
+    }
     for n in notes {
         println!("note: {n}");
     }

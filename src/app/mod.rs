@@ -120,5 +120,6 @@ fn run_meta(e: &crate::cli::Execution, backend: &dyn Backend, scenarios: &[PathB
         reference_gflops: None,
         resumed: vec![],
         kernels: crate::provenance::stamp_kernels(&e.kernels_dir),
+        ps1_schedule: Default::default(),
     }
 }

@@ -27,12 +27,14 @@ pub fn run(args: &RunArgs) -> Result<u8> {
         Some(b) => Some(read_entries(b, &args.regression.view.region)?),
         None => None,
     };
-    for c in cases.iter_mut().filter(|c| forced.contains(&c.variant)) {
-        c.force = true;
+    for c in cases.iter_mut() {
+        c.force |= forced.contains(&c.variant);
+        c.ps1_schedule = args.ps1_schedule;
     }
     let e = &args.exec;
     let (mut backend, notice) = backend::select(e.backend, &e.kernels_dir)?;
-    let meta = run_meta(e, backend.as_ref(), &paths, "");
+    let mut meta = run_meta(e, backend.as_ref(), &paths, "");
+    meta.ps1_schedule = args.ps1_schedule;
     let mut dir = match &args.resume {
         Some(d) => resume_dir(d, meta)?,
         None => RunDir::create(&e.out, meta)
@@ -155,6 +157,10 @@ fn resume_dir(path: &Path, meta: RunMeta) -> Result<RunDir> {
     if old.check_rows != meta.check_rows {
         let show = |c: Option<usize>| c.map_or("all rows".to_string(), |n| format!("--check-rows {n}"));
         return Err(differs("row sampling", show(old.check_rows), show(meta.check_rows)).into());
+    }
+    if old.ps1_schedule != meta.ps1_schedule {
+        let show = |s: crate::case::Ps1Schedule| format!("--ps1-schedule {s}");
+        return Err(differs("ps1 schedule", show(old.ps1_schedule), show(meta.ps1_schedule)).into());
     }
     // A run stamped before stamps existed has none: nothing to hold it to.
     if let (Some(was), Some(now)) = (&old.kernels, &meta.kernels) {

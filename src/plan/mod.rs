@@ -1,6 +1,7 @@
 //! Host-side plans: head padding, the dispatch gate, split counts and the
 //! persistent work list. Each plan checks its own invariants.
 
+pub mod balance;
 pub mod gate;
 pub mod heads;
 pub mod split;

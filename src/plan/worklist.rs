@@ -22,6 +22,7 @@ use serde::Serialize;
 use std::fmt;
 
 use super::{check_tiling, PlanError};
+use crate::case::Ps1Schedule;
 
 /// Per-item fixed cost in KV tokens: FlashMLA's 5 blocks of 64 (Q tile load,
 /// partial write, reduce). To be tuned on the H200.
@@ -95,6 +96,8 @@ pub struct WorkList {
     pub granularity: usize,
     pub max_splits: usize,
     pub overhead_tokens: usize,
+    /// Which scheduler cut it.
+    pub schedule: Ps1Schedule,
 }
 
 fn to_i32(case: &str, what: &str, v: usize) -> Result<i32, PlanError> {
@@ -278,9 +281,96 @@ pub fn build_worklist_with(
         granularity: g,
         max_splits: opts.max_splits,
         overhead_tokens: opts.overhead_tokens,
+        schedule: Ps1Schedule::Payload,
     };
     wl.check(case, local_lens, qo_indptr)?;
     Ok(wl)
+}
+
+/// One chunk of a sequence placed on a CTA (token range), for [`assemble`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Piece {
+    pub cta: usize,
+    pub seq: usize,
+    pub kv_start: usize,
+    pub kv_end: usize,
+}
+
+/// A `Balanced` work list from pieces in CTA order (each sequence's pieces
+/// in token order, sequences in order): numbers the partial rows of split
+/// sequences and lists their reduce items.
+#[allow(clippy::too_many_arguments)]
+pub fn assemble(
+    case_id: &str,
+    pieces: &[Piece],
+    local_lens: &[usize],
+    qo_indptr: &[i32],
+    num_ctas: usize,
+    granularity: usize,
+    max_splits: usize,
+    overhead_tokens: usize,
+) -> Result<WorkList, PlanError> {
+    let batch = local_lens.len();
+    check_qo(case_id, batch, qo_indptr)?;
+    let mut count = vec![0usize; batch];
+    for p in pieces {
+        if p.seq >= batch || p.cta >= num_ctas {
+            return Err(PlanError::new(
+                case_id,
+                format!("piece {p:?} is outside {batch} sequences / {num_ctas} CTAs"),
+            ));
+        }
+        count[p.seq] += 1;
+    }
+    let (mut items, mut reduce) = (Vec::with_capacity(pieces.len()), Vec::new());
+    let mut work_indptr = vec![0i32; num_ctas + 1];
+    let (mut rows_used, mut seen) = (0usize, vec![0usize; batch]);
+    let mut base = vec![0usize; batch];
+    for p in pieces {
+        let (q_start, q_end) = (qo_indptr[p.seq], qo_indptr[p.seq + 1]);
+        let rows = (q_end - q_start) as usize;
+        let partial = if count[p.seq] == 1 {
+            -1
+        } else {
+            if seen[p.seq] == 0 {
+                base[p.seq] = rows_used;
+            }
+            rows_used += rows;
+            to_i32(case_id, "partial rows", rows_used)? - rows as i32
+        };
+        seen[p.seq] += 1;
+        items.push(WorkItem {
+            seq: to_i32(case_id, "sequence", p.seq)?,
+            partial,
+            q_start,
+            q_end,
+            kv_start: to_i32(case_id, "kv start", p.kv_start)?,
+            kv_end: to_i32(case_id, "kv end", p.kv_end)?,
+        });
+        work_indptr[p.cta + 1] += 1;
+        if count[p.seq] > 1 && seen[p.seq] == count[p.seq] {
+            reduce.push(ReduceItem {
+                q_start,
+                q_end,
+                part_base: base[p.seq] as i32,
+                n_parts: count[p.seq] as i32,
+            });
+        }
+    }
+    for c in 0..num_ctas {
+        work_indptr[c + 1] += work_indptr[c];
+    }
+    Ok(WorkList {
+        num_ctas,
+        work_indptr,
+        items,
+        reduce,
+        num_partial_rows: rows_used,
+        granularity,
+        max_splits,
+        overhead_tokens,
+        schedule: Ps1Schedule::Balanced,
+    })
 }
 
 impl WorkList {

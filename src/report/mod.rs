@@ -45,6 +45,9 @@ pub struct RunMeta {
     /// stamp existed, and where the kernels dir holds no CUDA source).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernels: Option<crate::provenance::KernelsStamp>,
+    /// How ps1 work lists were cut (`--ps1-schedule`).
+    #[serde(default)]
+    pub ps1_schedule: crate::case::Ps1Schedule,
 }
 
 /// How many rows ended in each status.
@@ -292,6 +295,7 @@ pub(crate) mod testutil {
             reference_gflops: None,
             resumed: vec![],
             kernels: None,
+            ps1_schedule: Default::default(),
         }
     }
 }

@@ -7,7 +7,9 @@ pub mod raw;
 
 use std::path::{Path, PathBuf};
 
-use crate::case::{stable_hash, Case, CaseParams, Dtype, LayerType, MlaParams, PoolOrder, V4Knobs, V4Params};
+use crate::case::{
+    stable_hash, Case, CaseParams, Dtype, LayerType, MlaParams, PoolOrder, Ps1Schedule, V4Knobs, V4Params,
+};
 use crate::error::InputError;
 use crate::metrics::Tolerances;
 use crate::plan::gate::TargetProfile;
@@ -476,6 +478,7 @@ pub fn expand(sc: &Scenario) -> Expansion {
                                                 target: sc.target,
                                                 cus: sc.cus,
                                                 v4: V4Knobs::default(),
+                                                ps1_schedule: Ps1Schedule::default(),
                                                 scenario: sc.path.clone(),
                                             });
                                         }
@@ -566,6 +569,7 @@ pub fn expand(sc: &Scenario) -> Expansion {
                                                 workspace: b.workspace,
                                                 eager: b.eager,
                                             },
+                                            ps1_schedule: Ps1Schedule::default(),
                                             scenario: sc.path.clone(),
                                         });
                                     }

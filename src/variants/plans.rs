@@ -1,7 +1,9 @@
 //! What each variant will run for a case: its support check, gate decision
 //! and plan. Backends execute these plans; nothing here touches a device.
 
+use crate::case::Ps1Schedule;
 use crate::case::{Case, CaseParams, Dtype, LayerType, MlaParams, V4Params};
+use crate::plan::balance::{build_balanced, BalanceOptions, BALANCED_OVERHEAD_TOKENS};
 use crate::plan::gate::{mla_gate, GateInput};
 use crate::plan::v4::{hca_call_plan, hca_gates, kv_len_bound, v4_split_plan, HcaPlan, SplitPlan};
 use crate::plan::worklist::{build_worklist, WorkList};
@@ -155,7 +157,24 @@ fn mla_plan(case: &Case, p: &MlaParams) -> Result<VariantPlan, PlanError> {
             let ranks = (0..p.dcp_world)
                 .map(|r| {
                     let lens = local(r);
-                    let wl = build_worklist(&case.key(), &lens, &qo, case.cus, 16, 16)?;
+                    let wl = match case.ps1_schedule {
+                        Ps1Schedule::Payload => build_worklist(&case.key(), &lens, &qo, case.cus, 16, 16)?,
+                        Ps1Schedule::Balanced => {
+                            // One unit: the tokens a pass of all consumer groups covers.
+                            let shape = super::kernels::mla_shape(
+                                p.dtype == Dtype::Fp8,
+                                super::kernels::mla_mt(kernel_heads, p.s_q),
+                            );
+                            let opts = BalanceOptions {
+                                num_ctas: case.cus,
+                                granularity: 16,
+                                max_splits: 16,
+                                unit_tokens: shape.bn * shape.groups,
+                                overhead_tokens: BALANCED_OVERHEAD_TOKENS,
+                            };
+                            build_balanced(&case.key(), &lens, &qo, &opts)?
+                        }
+                    };
                     wl.check(&case.key(), &lens, &qo)?;
                     Ok(wl)
                 })
@@ -224,8 +243,13 @@ pub fn summary(plan: &VariantPlan) -> String {
         VariantPlan::Ps1 { kernel_heads, ranks } => {
             let items: usize = ranks.iter().map(|w| w.items.len()).sum();
             let parts: usize = ranks.iter().map(|w| w.reduce.len()).sum();
+            let busy = ranks.iter().map(|w| w.busy_ctas()).min().unwrap_or(0);
+            let schedule = match ranks.first().map(|w| w.schedule) {
+                Some(Ps1Schedule::Balanced) => " schedule=balanced",
+                _ => "",
+            };
             format!(
-                "h{kernel_heads} items={items} split-seqs={parts} ctas={}",
+                "h{kernel_heads} items={items} split-seqs={parts} ctas={} busy={busy}{schedule}",
                 ranks.first().map(|w| w.num_ctas).unwrap_or(0)
             )
         }
