@@ -49,12 +49,7 @@ pub struct AbRow {
 
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        0.5 * (v[n / 2 - 1] + v[n / 2])
-    }
+    crate::stats::percentile(v, 0.5)
 }
 
 fn spread(v: &[f64]) -> f64 {
@@ -159,8 +154,7 @@ fn judge(
 
 /// Geometric mean of the ratios of the rows with one.
 pub fn geomean(rows: &[AbRow]) -> Option<f64> {
-    let r: Vec<f64> = rows.iter().filter_map(|r| r.ratio).collect();
-    (!r.is_empty()).then(|| (r.iter().map(|x| x.ln()).sum::<f64>() / r.len() as f64).exp())
+    crate::stats::geomean(rows.iter().filter_map(|r| r.ratio))
 }
 
 #[cfg(test)]

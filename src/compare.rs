@@ -147,22 +147,26 @@ fn judge(b: &Entry, c: &Entry, threshold: f64) -> (Verdict, Option<f64>) {
 
 /// How many deltas got each verdict, in `Verdict` order.
 pub fn tally(deltas: &[Delta]) -> Vec<(Verdict, usize)> {
+    count(deltas.iter().map(|d| d.verdict))
+}
+
+/// How often each value occurs, in order.
+pub fn count<V: Ord>(vs: impl IntoIterator<Item = V>) -> Vec<(V, usize)> {
     let mut t = std::collections::BTreeMap::new();
-    for d in deltas {
-        *t.entry(d.verdict).or_insert(0) += 1;
+    for v in vs {
+        *t.entry(v).or_insert(0) += 1;
     }
     t.into_iter().collect()
 }
 
 /// Geometric mean of the candidate/baseline ratios that were compared.
 pub fn geomean_ratio(deltas: &[Delta]) -> Option<f64> {
-    let logs: Vec<f64> = deltas
-        .iter()
-        .filter(|d| matches!(d.verdict, Verdict::Slower | Verdict::Faster | Verdict::Same))
-        .filter_map(|d| d.ratio)
-        .map(f64::ln)
-        .collect();
-    (!logs.is_empty()).then(|| (logs.iter().sum::<f64>() / logs.len() as f64).exp())
+    crate::stats::geomean(
+        deltas
+            .iter()
+            .filter(|d| matches!(d.verdict, Verdict::Slower | Verdict::Faster | Verdict::Same))
+            .filter_map(|d| d.ratio),
+    )
 }
 
 #[cfg(test)]

@@ -65,6 +65,12 @@ impl Summary {
     }
 }
 
+/// Geometric mean; `None` for no values.
+pub fn geomean(xs: impl IntoIterator<Item = f64>) -> Option<f64> {
+    let (sum, n) = xs.into_iter().fold((0.0, 0usize), |(s, n), x| (s + x.ln(), n + 1));
+    (n > 0).then(|| (sum / n as f64).exp())
+}
+
 /// The `q` quantile (0..=1) of sorted samples, linear between order
 /// statistics. NaN for no samples.
 pub fn percentile(sorted: &[f64], q: f64) -> f64 {
@@ -143,6 +149,12 @@ pub fn drop_outliers(ms: &[f64]) -> (Vec<f64>, usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn geomean_of_ratios() {
+        assert!((geomean([2.0, 8.0]).unwrap() - 4.0).abs() < 1e-12);
+        assert_eq!(geomean(std::iter::empty()), None);
+    }
 
     fn summary(median: f64, p10: f64, p90: f64) -> Summary {
         Summary {

@@ -10,6 +10,14 @@ fn bin() -> Command {
     c
 }
 
+/// `mlabench run scenarios/smoke.toml --backend cpu -q` and `extra`.
+fn smoke_on_cpu(extra: &[&str]) -> Command {
+    let mut c = bin();
+    c.args(["run", "scenarios/smoke.toml", "--backend", "cpu", "-q"]);
+    c.args(extra);
+    c
+}
+
 fn json_rows(dir: &Path) -> Vec<serde_json::Value> {
     let run = std::fs::read_dir(dir)
         .unwrap()
@@ -425,17 +433,7 @@ fn ab_pools_rounds_and_judges_against_the_drift() {
 fn balanced_ps1_schedule_passes_and_a_resume_holds_to_it() {
     let out = tempfile::tempdir().unwrap();
     let run = |extra: &[&str]| {
-        let mut c = bin();
-        c.args([
-            "run",
-            "scenarios/smoke.toml",
-            "--backend",
-            "cpu",
-            "--variant",
-            "ps1",
-            "--no-timing",
-            "-q",
-        ]);
+        let mut c = smoke_on_cpu(&["--variant", "ps1", "--no-timing"]);
         c.args(extra).arg("--out").arg(out.path());
         c
     };
@@ -460,12 +458,7 @@ fn balanced_ps1_schedule_passes_and_a_resume_holds_to_it() {
 #[test]
 fn resume_finishes_a_cut_run_without_repeating_rows() {
     let out = tempfile::tempdir().unwrap();
-    let cmd = |extra: &[&str]| {
-        let mut c = bin();
-        c.args(["run", "scenarios/smoke.toml", "--backend", "cpu", "-q"]);
-        c.args(extra);
-        c
-    };
+    let cmd = smoke_on_cpu;
     // A run cut short: only one block of cases made it.
     cmd(&["--run-id", "cut", "--case", "mla-b3"])
         .arg("--out")
@@ -514,16 +507,7 @@ fn runs_stamp_their_kernel_sources_and_resume_holds_to_them() {
     std::fs::write(kernels.path().join("ps1.cu"), "// v1").unwrap();
     std::fs::write(kernels.path().join("common/core.cuh"), "// core").unwrap();
     let cmd = |extra: &[&str]| {
-        let mut c = bin();
-        c.args([
-            "run",
-            "scenarios/smoke.toml",
-            "--backend",
-            "cpu",
-            "-q",
-            "--case",
-            "mla-b3",
-        ]);
+        let mut c = smoke_on_cpu(&["--case", "mla-b3"]);
         c.arg("--kernels-dir").arg(kernels.path());
         c.args(extra);
         c

@@ -145,15 +145,6 @@ pub fn build_worklist(
     build_worklist_with(case_id, local_lens, qo_indptr, &opts)
 }
 
-/// Where the scheduler is: sequence `seq`, `done` blocks of it handed out in
-/// `chunks` chunks so far.
-struct Cursor {
-    seq: usize,
-    done: usize,
-    chunks: usize,
-    part_base: usize,
-}
-
 /// Builds and checks the work list.
 pub fn build_worklist_with(
     case_id: &str,
@@ -179,110 +170,65 @@ pub fn build_worklist_with(
     let total: usize = blocks.iter().map(|&b| b + ov).sum();
     let payload = total.div_ceil(opts.num_ctas) + ov;
 
-    let mut items = Vec::new();
-    let mut reduce = Vec::new();
-    let mut work_indptr = vec![0i32];
-    let mut num_partial_rows = 0usize;
-    let mut cur = Cursor {
-        seq: 0,
-        done: 0,
-        chunks: 0,
-        part_base: 0,
-    };
-
-    // Emits `[done, done + take)` blocks of the current sequence as one item.
-    let mut emit = |cur: &mut Cursor, take: usize, items: &mut Vec<WorkItem>, reduce: &mut Vec<ReduceItem>| {
-        let b = cur.seq;
-        let (q_start, q_end) = (qo_indptr[b], qo_indptr[b + 1]);
-        let rows = (q_end - q_start) as usize;
-        let last = cur.done + take >= blocks[b];
-        let kv_start = cur.done * g;
-        let kv_end = if last { local_lens[b] } else { (cur.done + take) * g };
-        let partial = if last && cur.chunks == 0 {
-            -1
-        } else {
-            if cur.chunks == 0 {
-                cur.part_base = num_partial_rows;
-            }
-            num_partial_rows += rows;
-            (num_partial_rows - rows) as i32
-        };
-        items.push(WorkItem {
-            seq: b as i32,
-            partial,
-            q_start,
-            q_end,
-            kv_start: kv_start as i32,
-            kv_end: kv_end as i32,
-        });
-        cur.chunks += 1;
-        if last {
-            if cur.chunks > 1 {
-                reduce.push(ReduceItem {
-                    q_start,
-                    q_end,
-                    part_base: cur.part_base as i32,
-                    n_parts: cur.chunks as i32,
-                });
-            }
-            *cur = Cursor {
-                seq: b + 1,
-                done: 0,
-                chunks: 0,
-                part_base: 0,
-            };
-        } else {
-            cur.done += take;
-        }
-    };
-
-    // Guard the i32 casts inside `emit` once, up front.
+    // Guard the i32 casts of the kernel layout once, up front.
     to_i32(
         case,
         "largest local length",
         local_lens.iter().copied().max().unwrap_or(0) + g,
     )?;
-    let worst_partials: usize = (0..batch)
-        .map(|b| (qo_indptr[b + 1] - qo_indptr[b]) as usize * opts.max_splits)
-        .sum();
-    to_i32(case, "partial rows", worst_partials)?;
-    to_i32(case, "sequence count", batch)?;
 
+    let mut pieces = Vec::new();
+    let (mut seq, mut done) = (0usize, 0usize);
     for cta in 0..opts.num_ctas {
         let last_cta = cta + 1 == opts.num_ctas;
         let mut remain = payload as isize;
-        while cur.seq < batch {
-            let rem = blocks[cur.seq] - cur.done;
+        // Places `[done, done + take)` blocks of sequence `seq` on this CTA.
+        let mut place = |seq: &mut usize, done: &mut usize, take: usize| {
+            let b = *seq;
+            let last = *done + take >= blocks[b];
+            pieces.push(Piece {
+                cta,
+                seq: b,
+                kv_start: *done * g,
+                kv_end: if last { local_lens[b] } else { (*done + take) * g },
+            });
+            if last {
+                (*seq, *done) = (b + 1, 0);
+            } else {
+                *done += take;
+            }
+        };
+        while seq < batch {
+            let rem = blocks[seq] - done;
             if last_cta || remain >= (rem + ov) as isize {
                 remain -= (rem + ov) as isize;
-                emit(&mut cur, rem, &mut items, &mut reduce);
+                place(&mut seq, &mut done, rem);
                 continue;
             }
             if remain <= ov as isize {
                 break;
             }
-            let min_chunk = blocks[cur.seq].div_ceil(opts.max_splits).max(1);
+            let min_chunk = blocks[seq].div_ceil(opts.max_splits).max(1);
             let mut take = (remain as usize - ov).max(min_chunk).min(rem);
             if rem - take < min_chunk.min(ov) {
                 take = rem;
             }
-            emit(&mut cur, take, &mut items, &mut reduce);
+            place(&mut seq, &mut done, take);
             break;
         }
-        work_indptr.push(to_i32(case, "item count", items.len())?);
     }
 
-    let wl = WorkList {
-        num_ctas: opts.num_ctas,
-        work_indptr,
-        items,
-        reduce,
-        num_partial_rows,
-        granularity: g,
-        max_splits: opts.max_splits,
-        overhead_tokens: opts.overhead_tokens,
-        schedule: Ps1Schedule::Payload,
-    };
+    let wl = assemble(
+        case,
+        &pieces,
+        local_lens,
+        qo_indptr,
+        opts.num_ctas,
+        g,
+        opts.max_splits,
+        opts.overhead_tokens,
+        Ps1Schedule::Payload,
+    )?;
     wl.check(case, local_lens, qo_indptr)?;
     Ok(wl)
 }
@@ -296,9 +242,9 @@ pub struct Piece {
     pub kv_end: usize,
 }
 
-/// A `Balanced` work list from pieces in CTA order (each sequence's pieces
-/// in token order, sequences in order): numbers the partial rows of split
-/// sequences and lists their reduce items.
+/// A work list from pieces in CTA order (each sequence's pieces in token
+/// order, sequences in order): numbers the partial rows of split sequences
+/// and lists their reduce items. Both schedulers end here.
 #[allow(clippy::too_many_arguments)]
 pub fn assemble(
     case_id: &str,
@@ -309,6 +255,7 @@ pub fn assemble(
     granularity: usize,
     max_splits: usize,
     overhead_tokens: usize,
+    schedule: Ps1Schedule,
 ) -> Result<WorkList, PlanError> {
     let batch = local_lens.len();
     check_qo(case_id, batch, qo_indptr)?;
@@ -369,7 +316,7 @@ pub fn assemble(
         granularity,
         max_splits,
         overhead_tokens,
-        schedule: Ps1Schedule::Balanced,
+        schedule,
     })
 }
 

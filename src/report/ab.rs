@@ -31,15 +31,7 @@ fn spread(v: Option<f64>) -> String {
 
 /// `3 faster, 1 slower, 12 same (geomean -4.2%); control drift up to 2.9%`.
 pub fn summary_line(rows: &[AbRow]) -> String {
-    let mut counts: Vec<(AbVerdict, usize)> = Vec::new();
-    for r in rows {
-        match counts.iter_mut().find(|(v, _)| *v == r.verdict) {
-            Some((_, n)) => *n += 1,
-            None => counts.push((r.verdict, 1)),
-        }
-    }
-    counts.sort();
-    let parts: Vec<String> = counts
+    let parts: Vec<String> = crate::compare::count(rows.iter().map(|r| r.verdict))
         .iter()
         .map(|(v, n)| format!("{n} {}", word(*v).to_lowercase()))
         .collect();
