@@ -28,6 +28,10 @@
 //   HOIST   fp8: 1 = per-pass address offsets for the loader and the V
 //           ldmatrix, per-tile wgmma descriptors plus constants (v8e:
 //           page64 +1..+8 points, ps1 -4..-7); 0 = per-use arithmetic (v8b)
+//   LD_LINES fp8: 1 = each loader thread takes two tokens (t, t+32)
+//           and 8 lanes cover a token's 128-byte line, so one cp.async
+//           instruction asks for whole lines (320 line requests per tile
+//           instead of 576 half lines); 0 = one token per 4 threads (default)
 //   IDX_AHEAD  tiles between a token's pool-index load and its cp.async
 //           issue (1 or 2; default 1)
 //   TILE_SPLIT with GROUPS=2: 0 = group g takes tiles g, g+2, ... (default);
@@ -73,6 +77,9 @@
 #ifndef IDX_AHEAD
 #define IDX_AHEAD 1
 #endif
+#ifndef LD_LINES
+#define LD_LINES 0
+#endif
 #ifndef QSMEM
 #define QSMEM (GROUPS == 2 && !KV_FP8 ? 1 : 0)
 #endif
@@ -91,6 +98,7 @@ static_assert(IDX_AHEAD == 1 || IDX_AHEAD == 2, "IDX_AHEAD must be 1 or 2");
 static_assert(TILE_SPLIT == 0 || TILE_SPLIT == 1, "TILE_SPLIT must be 0 or 1");
 static_assert(QSMEM == 0 || QSMEM == 1, "QSMEM must be 0 or 1");
 static_assert(HOIST == 0 || HOIST == 1, "HOIST must be 0 or 1");
+static_assert(LD_LINES == 0 || KV_FP8, "LD_LINES is an fp8 loader");
 static_assert(!KV_FP8 || QSMEM == 0, "fp8 keeps Q in shared memory as e4m3: QSMEM is for bf16");
 static_assert(!KV_FP8 || (BN == 64 && WARPS / GROUPS == 8), "fp8: BN 64 (the wgmma M) and two warpgroups per group");
 
@@ -326,17 +334,51 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
   };
   const int ld_tok = tid / LD_TPT, ld_c = tid % LD_TPT;
   const bool loader = tid < LD_THREADS;
-#if KV_FP8 && HOIST
+#if KV_FP8 && HOIST && !LD_LINES
   // fp8: chunk ld_c + 4k of the token sits in column block k/2 as chunk
   // ld_c + 4(k%2), swizzled by the token's row: two offsets cover all nine
   static_assert(LD_TPT == 4 && LD_CH == 9, "fp8 loader: 4 threads per token, 9 chunks each");
   const unsigned ld_sw0 = ld_tok * 128 + ((ld_c ^ (ld_tok & 7)) << 4);
   const unsigned ld_sw1 = ld_tok * 128 + (((ld_c + 4) ^ (ld_tok & 7)) << 4);
 #endif
+#if LD_LINES
+  // two tokens per thread, 8 lanes per token: lane ld8 takes chunk ld8 of
+  // each of the row's 128-byte lines (column blocks 0-3), lanes 0-3 also
+  // the last half line (block 4); its swizzled chunk is ld8 ^ (token % 8)
+  static_assert(BN == 64 && LD_THREADS == 256, "LD_LINES: 64-token tiles, 256 loaders");
+  const int ld8_tok = tid / 8, ld8 = tid % 8;
+  struct Ent {
+    int a, b;  // pool entries of tokens ld8_tok and ld8_tok + 32; -1: none
+  };
+  auto row_of = [&](int t) -> Ent {
+    const int j = tok0(t) + ld8_tok;
+    const bool ok = loader && t < ntiles;
+    return Ent{(ok && j < ps.t1) ? pool_entry<PAGE>(idx, j) : -1,
+               (ok && j + 32 < ps.t1) ? pool_entry<PAGE>(idx, j + 32) : -1};
+  };
+  auto issue = [&](int t, Ent e) {
+    if (!loader) return;
+    const unsigned st = smem0 + (t % STAGES) * TILE_BYTES + ld8_tok * 128 + ((ld8 ^ (ld8_tok & 7)) << 4);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int ent = h ? e.b : e.a;
+      const long long row =
+          ent < 0 ? -1ll
+                  : (PAGE == 1 ? ent : static_cast<long long>(ent) * 64 + ((tok0(t) + ld8_tok + 32 * h) & 63));
+      const unsigned char* src = kv + (row < 0 ? 0ll : row * ROW_BYTES) + ld8 * 16;
+      const unsigned dst = st + h * 32 * 128;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) cp_async16(dst + k * (BN * 128), src + k * 128, row >= 0);
+      if (ld8 < 4) cp_async16(dst + 4 * (BN * 128), src + 512, row >= 0);
+    }
+  };
+  using EntT = Ent;
+#else
   auto row_of = [&](int t) -> int {  // -1: no token to load
     const int j = tok0(t) + ld_tok;
     return (loader && t < ntiles && j < ps.t1) ? pool_entry<PAGE>(idx, j) : -1;
   };
+  using EntT = int;
   auto issue = [&](int t, int ent) {
     if (!loader) return;
     const long long row =
@@ -361,8 +403,9 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
     for (int k = 0; k < LD_CH; ++k) cp_async16(dst + k * LD_TPT * 16, src + k * LD_TPT * 16, row >= 0);
 #endif
   };
+#endif
 
-  int pre[STAGES - 1];
+  EntT pre[STAGES - 1];
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) pre[s] = row_of(s);
 #pragma unroll
@@ -370,9 +413,9 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
     if (s < ntiles) issue(s, pre[s]);
     cp_async_commit();
   }
-  int nrow = row_of(STAGES - 1);  // prefetched IDX_AHEAD tiles ahead of its issue
+  EntT nrow = row_of(STAGES - 1);  // prefetched IDX_AHEAD tiles ahead of its issue
 #if IDX_AHEAD == 2
-  int nrow2 = row_of(STAGES);
+  EntT nrow2 = row_of(STAGES);
 #endif
 
   float oacc[MT][NJ][4];

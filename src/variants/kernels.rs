@@ -89,8 +89,10 @@ fn mla(file: &'static str, entries: &[&'static str], hk: usize, fp8: bool, mt: u
         .define("QSMEM", sh.qsmem as u8)
 }
 
+/// ps1 fp8 loads whole 128-byte lines per cp.async (`LD_LINES`, v8i in
+/// kernels/dev/NOTES.md): scattered rows fill the SM's request queue.
 pub fn ps1(hk: usize, fp8: bool, mt: usize) -> KernelSpec {
-    mla("ps1.cu", &["ps1_fwd", "ps1_reduce"], hk, fp8, mt)
+    mla("ps1.cu", &["ps1_fwd", "ps1_reduce"], hk, fp8, mt).define("LD_LINES", fp8 as u8)
 }
 
 /// page64 fp8 hoists its address arithmetic out of the tile loop (`HOIST`,
