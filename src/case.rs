@@ -17,16 +17,25 @@ pub enum Dtype {
 }
 
 /// How the ps1 work list is cut (SPEC §1 fixes the invariants, not the
-/// schedule). `Payload` is the default, after aiter and FlashMLA; see
-/// plan/balance.rs for `Balanced`.
+/// schedule). `Balanced` (plan/balance.rs) is the default since the H200
+/// measured it (kernels/dev/NOTES.md session 5); `Payload` is aiter's and
+/// FlashMLA's, kept for comparison.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Ps1Schedule {
     /// A fixed payload per CTA in sequence order (may overshoot it by a minimum chunk).
-    #[default]
     Payload,
     /// Whole tile pairs, the smallest per-CTA load a fill in sequence order meets.
+    #[default]
     Balanced,
+}
+
+impl Ps1Schedule {
+    /// What a run's metadata without the field means: runs made before
+    /// `--ps1-schedule` existed used the payload schedule.
+    pub fn before_choice() -> Self {
+        Ps1Schedule::Payload
+    }
 }
 
 impl fmt::Display for Ps1Schedule {

@@ -77,9 +77,9 @@ pub struct RunArgs {
     /// (case, variant) rows it has are kept, the rest (and errors) run.
     #[arg(long, value_name = "RUN_DIR", conflicts_with = "run_id")]
     pub resume: Option<PathBuf>,
-    /// How ps1 work lists are cut: payload (the default) or balanced; the
+    /// How ps1 work lists are cut: balanced (the default) or payload; the
     /// case ids stay the same, so `mlabench ab` can compare the two.
-    #[arg(long, value_enum, default_value_t = Ps1Schedule::Payload)]
+    #[arg(long, value_enum, default_value_t = Ps1Schedule::Balanced)]
     pub ps1_schedule: Ps1Schedule,
     /// Compare with this baseline (a run directory or its rows.csv) and exit 1
     /// on a regression; the comparison is also written to the run's compare.md.
@@ -156,8 +156,8 @@ pub struct PlanArgs {
     /// Print every work item (default: a per-rank digest).
     #[arg(long)]
     pub items: bool,
-    /// How ps1 work lists are cut: payload (the default) or balanced.
-    #[arg(long, value_enum, default_value_t = Ps1Schedule::Payload)]
+    /// How ps1 work lists are cut: balanced (the default) or payload.
+    #[arg(long, value_enum, default_value_t = Ps1Schedule::Balanced)]
     pub ps1_schedule: Ps1Schedule,
 }
 

@@ -112,7 +112,7 @@ class Nvrtc:
 
 def mla_defines(hk, fp8, mt, stages=None, cvt=None, warps=None, hoist=0):
     """The shipped shape (src/variants/kernels.rs `mla_shape`), with overrides.
-    `hoist`: the HOIST define, which the host passes as 1 for page64 fp8."""
+    `hoist`: the HOIST define, which the host passes as 1 for fp8 (ps1 and page64)."""
     if mt == 1:
         d = {"WARPS": 16, "GROUPS": 2, "STAGES": 2, "QSMEM": 0 if fp8 else 1}
     else:
@@ -136,7 +136,7 @@ def all_configs():
     for fp8 in (0, 1):
         for hk in range(16, 129, 16):
             for mt, w in ((1, None), (1, 8), (2, None)):
-                cfgs.append(("ps1.cu", dict(mla_defines(hk, fp8, mt, warps=w), LD_LINES=fp8)))
+                cfgs.append(("ps1.cu", dict(mla_defines(hk, fp8, mt, warps=w, hoist=fp8), LD_LINES=fp8)))
                 cfgs.append(("page64.cu", mla_defines(hk, fp8, mt, warps=w, hoist=fp8)))
     cfgs.append(("merge.cu", {}))
     return cfgs

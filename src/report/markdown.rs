@@ -44,9 +44,7 @@ fn header(s: &mut String, meta: &RunMeta) {
             code(k.short())
         );
     }
-    if meta.ps1_schedule != crate::case::Ps1Schedule::default() {
-        let _ = writeln!(s, "- ps1 schedule: {}", meta.ps1_schedule);
-    }
+    let _ = writeln!(s, "- ps1 schedule: {}", meta.ps1_schedule);
     for c in &meta.resumed {
         let _ = writeln!(s, "- resumed by: {}", code(c));
     }

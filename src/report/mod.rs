@@ -46,7 +46,7 @@ pub struct RunMeta {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernels: Option<crate::provenance::KernelsStamp>,
     /// How ps1 work lists were cut (`--ps1-schedule`).
-    #[serde(default)]
+    #[serde(default = "crate::case::Ps1Schedule::before_choice")]
     pub ps1_schedule: crate::case::Ps1Schedule,
 }
 

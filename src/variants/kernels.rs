@@ -90,13 +90,17 @@ fn mla(file: &'static str, entries: &[&'static str], hk: usize, fp8: bool, mt: u
 }
 
 /// ps1 fp8 loads whole 128-byte lines per cp.async (`LD_LINES`, v8i in
-/// kernels/dev/NOTES.md): scattered rows fill the SM's request queue.
+/// kernels/dev/NOTES.md), since scattered rows fill the SM's request queue,
+/// and hoists its address arithmetic (`HOIST`), which lost at long contexts
+/// alone but wins with the line loader (session 5, kernels/dev/NOTES.md).
 pub fn ps1(hk: usize, fp8: bool, mt: usize) -> KernelSpec {
-    mla("ps1.cu", &["ps1_fwd", "ps1_reduce"], hk, fp8, mt).define("LD_LINES", fp8 as u8)
+    mla("ps1.cu", &["ps1_fwd", "ps1_reduce"], hk, fp8, mt)
+        .define("LD_LINES", fp8 as u8)
+        .define("HOIST", fp8 as u8)
 }
 
 /// page64 fp8 hoists its address arithmetic out of the tile loop (`HOIST`,
-/// v8e in kernels/dev/NOTES.md); ps1 loses speed with the same change.
+/// v8e in kernels/dev/NOTES.md).
 pub fn page64(hk: usize, fp8: bool, mt: usize) -> KernelSpec {
     mla("page64.cu", &["page64_fwd", "page64_merge"], hk, fp8, mt).define("HOIST", fp8 as u8)
 }
