@@ -430,14 +430,15 @@ fn ab_pools_rounds_and_judges_against_the_drift() {
 }
 
 #[test]
-fn balanced_ps1_schedule_passes_and_a_resume_holds_to_it() {
+fn payload_ps1_schedule_passes_and_a_resume_holds_to_it() {
     let out = tempfile::tempdir().unwrap();
     let run = |extra: &[&str]| {
         let mut c = smoke_on_cpu(&["--variant", "ps1", "--no-timing"]);
         c.args(extra).arg("--out").arg(out.path());
         c
     };
-    run(&["--ps1-schedule", "balanced", "--run-id", "b"]).assert().code(0);
+    // The non-default schedule: the default (balanced) runs in every other test.
+    run(&["--ps1-schedule", "payload", "--run-id", "p"]).assert().code(0);
     let rows = json_rows(out.path());
     assert!(
         !rows.is_empty() && rows.iter().all(|r| r["status"] == "pass"),
@@ -445,14 +446,14 @@ fn balanced_ps1_schedule_passes_and_a_resume_holds_to_it() {
     );
     assert!(rows
         .iter()
-        .all(|r| r["plan"].as_str().unwrap().contains("schedule=balanced")));
-    let md = std::fs::read_to_string(out.path().join("b/summary.md")).unwrap();
-    assert!(md.contains("- ps1 schedule: balanced"), "{md}");
-    let dir = out.path().join("b");
+        .all(|r| r["plan"].as_str().unwrap().contains("schedule=payload")));
+    let md = std::fs::read_to_string(out.path().join("p/summary.md")).unwrap();
+    assert!(md.contains("- ps1 schedule: payload"), "{md}");
+    let dir = out.path().join("p");
     run(&["--resume", dir.to_str().unwrap()])
         .assert()
         .code(2)
-        .stderr(predicates::str::contains("--ps1-schedule balanced"));
+        .stderr(predicates::str::contains("--ps1-schedule payload"));
 }
 
 #[test]

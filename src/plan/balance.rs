@@ -1,7 +1,8 @@
-//! The `balanced` ps1 scheduler. The default (worklist.rs, after aiter)
-//! fills a fixed payload per CTA and may overshoot it by a minimum chunk
-//! (len/16 tokens), so at batch 64 one CTA can carry 17% more than the mean
-//! while others idle. This one counts work in the kernel's tile pairs (the
+//! The `balanced` ps1 scheduler, the default since the H200 measured it
+//! (up to -9.8% time; kernels/dev/NOTES.md session 5). `payload`
+//! (worklist.rs, after aiter) fills a fixed payload per CTA and may
+//! overshoot it by a minimum chunk (len/16 tokens), so at batch 64 one CTA
+//! can carry 17% more than the mean while others idle. This one counts work in the kernel's tile pairs (the
 //! tokens one pass of both consumer groups covers), cuts only at whole
 //! units, and binary-searches the smallest per-CTA load a greedy fill in
 //! sequence order can meet. Same `WorkList`, same invariants (SPEC §1:
@@ -28,7 +29,7 @@ pub struct BalanceOptions {
 
 /// Per-item fixed cost the balanced scheduler assumes: about one tile pair
 /// of fp8 (Q staging, the first tile's latency, the group merge and the
-/// partial write). To be tuned on the H200 like the default's 320.
+/// partial write). A guess, not tuned on the H200.
 pub const BALANCED_OVERHEAD_TOKENS: usize = 128;
 
 /// Pieces `(cta, seq, unit range)` of a greedy fill at per-CTA load `cap`

@@ -2,6 +2,9 @@
 //! local KV cut into chunks and balanced over the persistent CTAs, plus the
 //! reduce list that merges the chunks of split sequences.
 //!
+//! This file's scheduler is `--ps1-schedule payload`; the default,
+//! `balanced`, is in balance.rs and shares `assemble` with it.
+//!
 //! The scheduler follows FlashMLA's `get_mla_metadata` and aiter's
 //! `get_mla_metadata_v1` (our own code): work is counted in blocks of
 //! `granularity` tokens plus a fixed overhead per item; every CTA gets a

@@ -349,4 +349,13 @@ mod tests {
         r.checks.push(check("lse.r1", 0.0, f64::NAN, false));
         assert!(lse_error(&r).unwrap().is_nan());
     }
+
+    #[test]
+    fn a_run_from_before_the_schedule_option_reads_as_payload() {
+        let mut json = serde_json::to_value(testutil::meta()).unwrap();
+        assert_eq!(json["ps1_schedule"], "balanced");
+        json.as_object_mut().unwrap().remove("ps1_schedule");
+        let old: RunMeta = serde_json::from_value(json).unwrap();
+        assert_eq!(old.ps1_schedule, crate::case::Ps1Schedule::Payload);
+    }
 }

@@ -245,7 +245,10 @@ pub fn summary(plan: &VariantPlan) -> String {
             let parts: usize = ranks.iter().map(|w| w.reduce.len()).sum();
             let busy = ranks.iter().map(|w| w.busy_ctas()).min().unwrap_or(0);
             // Always named: rows of runs before the default changed say nothing.
-            let schedule = ranks.first().map(|w| format!(" schedule={}", w.schedule)).unwrap_or_default();
+            let schedule = ranks
+                .first()
+                .map(|w| format!(" schedule={}", w.schedule))
+                .unwrap_or_default();
             format!(
                 "h{kernel_heads} items={items} split-seqs={parts} ctas={} busy={busy}{schedule}",
                 ranks.first().map(|w| w.num_ctas).unwrap_or(0)
