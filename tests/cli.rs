@@ -447,6 +447,10 @@ fn payload_ps1_schedule_passes_and_a_resume_holds_to_it() {
     assert!(rows
         .iter()
         .all(|r| r["plan"].as_str().unwrap().contains("schedule=payload")));
+    // A row's repro command runs it the same way.
+    assert!(rows
+        .iter()
+        .all(|r| r["repro"].as_str().unwrap().contains("--ps1-schedule payload")));
     let md = std::fs::read_to_string(out.path().join("p/summary.md")).unwrap();
     assert!(md.contains("- ps1 schedule: payload"), "{md}");
     let dir = out.path().join("p");

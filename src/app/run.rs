@@ -65,6 +65,10 @@ pub fn run(args: &RunArgs) -> Result<u8> {
     }
     let mut opts = run_options(e, backend.as_ref(), !args.no_timing, !args.warm_l2);
     opts.dump = args.dump.clone();
+    if args.ps1_schedule != crate::case::Ps1Schedule::default() {
+        opts.repro_flags
+            .push_str(&format!(" --ps1-schedule {}", args.ps1_schedule));
+    }
     for f in &args.force {
         opts.repro_flags.push_str(&format!(" --force {f}"));
     }
