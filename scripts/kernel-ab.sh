@@ -9,7 +9,10 @@
 #   e.g. scripts/kernel-ab.sh ab scenarios/mla-bandwidth.toml 2 /tmp/kernels-base kernels \
 #          -- --case fp8 --check-rows 16
 # Env: BIN (default target/release/mlabench), BACKEND (default cuda),
-#      DEADLINE_S (stop starting runs after this many seconds; default none).
+#      DEADLINE_S (stop starting runs after this many seconds; default none),
+#      CAND_ARGS (run flags for the candidates only, split on spaces: A/B a
+#      host option with one kernels dir, e.g. CAND_ARGS="--ps1-schedule payload"
+#      scripts/kernel-ab.sh ab SCEN 2 kernels kernels).
 # Writes OUT/c<i>-r<round>/ per run (c0 = the control, c1.. = candidates)
 # and OUT/ab-c<i>.md, and prints per candidate `mlabench ab` over the rounds:
 # medians over rounds, each side's drift, a verdict per (case, variant).
@@ -32,6 +35,7 @@ done
 BIN=${BIN:-target/release/mlabench}
 [[ -x $BIN ]] || { echo "no binary at '$BIN' (cargo build --release, or set BIN)" >&2; exit 2; }
 BACKEND=${BACKEND:-cuda}
+read -r -a CAND <<<"${CAND_ARGS:-}"
 T0=$(date +%s)
 mkdir -p "$OUT"
 failed=0
@@ -43,10 +47,12 @@ for ((r = 1; r <= ROUNDS; r++)); do
             echo "$id: not run (DEADLINE_S=$DEADLINE_S reached)"
             continue
         fi
+        side=()
+        (( i > 0 )) && side=("${CAND[@]}")
         "$BIN" run "$SCEN" --backend "$BACKEND" --kernels-dir "${DIRS[$i]}" --out "$OUT" --run-id "$id" \
-            -q "${RUN_ARGS[@]}" >"$OUT/$id.log" 2>&1
+            -q "${RUN_ARGS[@]}" "${side[@]}" >"$OUT/$id.log" 2>&1
         rc=$?
-        echo "$id (${DIRS[$i]}): exit $rc, $(grep -E 'passed, ' "$OUT/$id.log" | tail -1)"
+        echo "$id (${DIRS[$i]}${side[*]:+ ${side[*]}}): exit $rc, $(grep -E 'passed, ' "$OUT/$id.log" | tail -1)"
         case $rc in
             0) ran+=("$id") ;;
             1) ran+=("$id"); failed=1 ;;

@@ -536,3 +536,44 @@ fn runs_stamp_their_kernel_sources_and_resume_holds_to_them() {
         .code(2)
         .stderr(predicates::str::contains("kernel sources"));
 }
+
+#[test]
+fn kernel_ab_script_compares_a_host_option_with_one_kernels_dir() {
+    let out = tempfile::tempdir().unwrap();
+    let ab = out.path().join("ab");
+    let o = std::process::Command::new("bash")
+        .arg("scripts/kernel-ab.sh")
+        .arg(&ab)
+        .args(["scenarios/smoke.toml", "1", "kernels", "kernels", "--"])
+        .args([
+            "--case",
+            "mla-b3",
+            "--variant",
+            "ps1",
+            "--min-samples",
+            "3",
+            "--min-time-ms",
+            "0",
+        ])
+        .env("BIN", env!("CARGO_BIN_EXE_mlabench"))
+        .env("BACKEND", "cpu")
+        .env("CAND_ARGS", "--ps1-schedule payload")
+        .output()
+        .unwrap();
+    let log = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    // 1 only if CPU timings call the candidate slower; both sides ran either way.
+    assert!(matches!(o.status.code(), Some(0) | Some(1)), "{log}");
+    assert!(log.contains("c1-r1 (kernels --ps1-schedule payload): exit"), "{log}");
+    let schedule = |id: &str| {
+        let j: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(ab.join(id).join("rows.json")).unwrap()).unwrap();
+        j["meta"]["ps1_schedule"].as_str().unwrap().to_string()
+    };
+    assert_eq!(schedule("c0-r1"), "balanced");
+    assert_eq!(schedule("c1-r1"), "payload");
+    assert!(ab.join("ab-c1.md").exists(), "{log}");
+}
