@@ -2,10 +2,10 @@
 //! (up to -9.8% time; kernels/dev/NOTES.md session 5). `payload`
 //! (worklist.rs, after aiter) fills a fixed payload per CTA and may
 //! overshoot it by a minimum chunk (len/16 tokens), so at batch 64 one CTA
-//! can carry 17% more than the mean while others idle. This one counts work in the kernel's tile pairs (the
-//! tokens one pass of both consumer groups covers), cuts only at whole
-//! units, and binary-searches the smallest per-CTA load a greedy fill in
-//! sequence order can meet. Same `WorkList`, same invariants (SPEC §1:
+//! can carry 17% more than the mean while others idle. This one counts work
+//! in the kernel's tile pairs (the tokens one pass of both consumer groups
+//! covers), cuts only at whole units, and binary-searches the smallest
+//! per-CTA load a greedy fill in sequence order can meet. Same `WorkList`, same invariants (SPEC §1:
 //! chunks are multiples of the granularity, at most `max_splits` per
 //! sequence, every token in exactly one item).
 
