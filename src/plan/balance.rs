@@ -5,9 +5,9 @@
 //! can carry 17% more than the mean while others idle. This one counts work
 //! in the kernel's tile pairs (the tokens one pass of both consumer groups
 //! covers), cuts only at whole units, and binary-searches the smallest
-//! per-CTA load a greedy fill in sequence order can meet. Same `WorkList`, same invariants (SPEC §1:
-//! chunks are multiples of the granularity, at most `max_splits` per
-//! sequence, every token in exactly one item).
+//! per-CTA load a greedy fill in sequence order can meet. Same `WorkList`,
+//! same invariants (SPEC §1: chunks are multiples of the granularity, at
+//! most `max_splits` per sequence, every token in exactly one item).
 
 use super::worklist::{assemble, Piece, WorkList};
 use super::PlanError;
