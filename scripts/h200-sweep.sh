@@ -6,6 +6,9 @@
 # The whole sweep takes longer than one device command may run (10 min), so
 # `mla` (smoke, kimi, bandwidth; ~150 s), `sweep` (mla-sweep; ~350 s) and
 # `v4` (dsv4-pro, splits, v4-sweep; ~200 s) split it into calls.
+# Env: RUNS_DIR, where the run directories go (default OUTDIR/runs). A device
+# call returns at most 8 files from $OUT, so there pass a directory outside
+# it (RUNS_DIR=$(mktemp -d)) and fetch OUTDIR/runs.tgz alone.
 # Runs in priority order; after each run OUTDIR/runs.tgz is refreshed, so a
 # run cut off by the deadline loses nothing already measured. Prints each
 # run's summary line last.
@@ -15,8 +18,8 @@ BIN=${2:?}
 DEADLINE=$(( $(date +%s) + ${3:?} ))
 PART=${4:-all}
 case $PART in all|mla|sweep|v4) ;; *) echo "part must be all, mla, sweep or v4, not '$PART'" >&2; exit 2 ;; esac
-R="$OUT/runs"
-mkdir -p "$R"
+R=${RUNS_DIR:-$OUT/runs}
+mkdir -p "$OUT" "$R"
 export MLABENCH_CACHE=${MLABENCH_CACHE:-$PWD/.kcache}
 summary=()
 step() {
@@ -27,7 +30,7 @@ step() {
     timeout "$left" "$BIN" "$@" --backend cuda --out "$R" --run-id "$id" >"$R/$id.log" 2>&1
     local rc=$?
     summary+=("$id (exit $rc): $(grep -E 'passed, |regret' "$R/$id.log" | tail -2 | tr '\n' ' ')")
-    tar czf "$OUT/runs.tgz" -C "$OUT" runs
+    tar czf "$OUT/runs.tgz" -C "$R" --transform 's,^\.,runs,' .
 }
 "$BIN" device >"$R/device.txt" 2>&1 || { cat "$R/device.txt"; exit 2; }
 step mla smoke run scenarios/smoke.toml --min-time-ms 20
