@@ -221,7 +221,7 @@ pub fn build_worklist_with(
         }
     }
 
-    let wl = assemble(
+    assemble(
         case,
         &pieces,
         local_lens,
@@ -231,9 +231,7 @@ pub fn build_worklist_with(
         opts.max_splits,
         opts.overhead_tokens,
         Ps1Schedule::Payload,
-    )?;
-    wl.check(case, local_lens, qo_indptr)?;
-    Ok(wl)
+    )
 }
 
 /// One chunk of a sequence placed on a CTA (token range), for [`assemble`].
@@ -247,7 +245,8 @@ pub struct Piece {
 
 /// A work list from pieces in CTA order (each sequence's pieces in token
 /// order, sequences in order): numbers the partial rows of split sequences
-/// and lists their reduce items. Both schedulers end here.
+/// and lists their reduce items, then checks every invariant. Both
+/// schedulers end here.
 #[allow(clippy::too_many_arguments)]
 pub fn assemble(
     case_id: &str,
@@ -310,7 +309,7 @@ pub fn assemble(
     for c in 0..num_ctas {
         work_indptr[c + 1] += work_indptr[c];
     }
-    Ok(WorkList {
+    let wl = WorkList {
         num_ctas,
         work_indptr,
         items,
@@ -320,7 +319,9 @@ pub fn assemble(
         max_splits,
         overhead_tokens,
         schedule,
-    })
+    };
+    wl.check(case_id, local_lens, qo_indptr)?;
+    Ok(wl)
 }
 
 impl WorkList {
