@@ -38,7 +38,7 @@ fn bf16_out(bits: &[u16]) -> Vec<f32> {
         .collect()
 }
 
-/// Samples of a kernel-only region and a whole-variant region.
+/// One region timed as both kernel and variant (variants of one launch).
 fn samples(kernel: Vec<f64>, variant: Vec<f64>, clock: &str) -> Samples {
     Samples {
         kernel_ms: kernel,
@@ -179,13 +179,9 @@ impl CudaBackend {
             self.dev.sync()?;
             self.mla_outputs(w, r, hk, &b, &mut tensors)?;
             if r == 0 && timing.enabled {
-                let k = self.time_region(timing, || Ok(()), |_| fwd_launch(&mut b))?;
-                let v = self.time_region(
-                    timing,
-                    || Ok(()),
-                    |_| fwd_launch(&mut b).and_then(|_| red_launch(&mut b)),
-                )?;
-                timed = Some(samples(k.ms, v.ms, v.clock));
+                timed = Some(self.kernel_and_variant(timing, |variant| {
+                    fwd_launch(&mut b).and_then(|_| if variant { red_launch(&mut b) } else { Ok(()) })
+                })?);
             }
         }
         Ok(RunOutput {
@@ -257,13 +253,9 @@ impl CudaBackend {
             self.dev.sync()?;
             self.mla_outputs(w, r, hk, &b, &mut tensors)?;
             if r == 0 && timing.enabled {
-                let k = self.time_region(timing, || Ok(()), |_| fwd_launch(&mut b))?;
-                let v = self.time_region(
-                    timing,
-                    || Ok(()),
-                    |_| fwd_launch(&mut b).and_then(|_| mrg_launch(&mut b)),
-                )?;
-                timed = Some(samples(k.ms, v.ms, v.clock));
+                timed = Some(self.kernel_and_variant(timing, |variant| {
+                    fwd_launch(&mut b).and_then(|_| if variant { mrg_launch(&mut b) } else { Ok(()) })
+                })?);
             }
         }
         Ok(RunOutput {
@@ -468,9 +460,9 @@ impl CudaBackend {
         self.dev.sync()?;
         let mut tensors = self.v4_outputs(w, &o, &lse, "")?;
         let timed = if timing.enabled {
-            let k = self.time_region(timing, || Ok(()), |_| split())?;
-            let v = self.time_region(timing, || Ok(()), |_| split().and_then(|_| merge(&mut o, &mut lse)))?;
-            Some(samples(k.ms, v.ms, v.clock))
+            Some(self.kernel_and_variant(timing, |variant| {
+                split().and_then(|_| if variant { merge(&mut o, &mut lse) } else { Ok(()) })
+            })?)
         } else {
             None
         };

@@ -15,6 +15,8 @@ pub mod spec;
 pub mod timing;
 
 use std::collections::HashMap;
+
+use crate::backend::Samples;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -149,6 +151,24 @@ impl CudaBackend {
         launch: impl FnMut(usize) -> Result<(), BackendError>,
     ) -> Result<RegionSamples, BackendError> {
         self.timer.time_region(&self.dev, opts, self.aids(), between, launch)
+    }
+
+    /// The kernel-only region (`launch(false)`) and the whole variant
+    /// (`launch(true)`), their samples interleaved (see [`Timer::time_regions`]).
+    pub fn kernel_and_variant(
+        &self,
+        opts: &TimingOptions,
+        mut launch: impl FnMut(bool) -> Result<(), BackendError>,
+    ) -> Result<Samples, BackendError> {
+        let mut v = self
+            .timer
+            .time_regions(&self.dev, opts, self.aids(), 2, || Ok(()), |r, _| launch(r == 1))?;
+        let (variant, kernel) = (v.remove(1), v.remove(0));
+        Ok(Samples {
+            kernel_ms: kernel.ms,
+            variant_ms: variant.ms,
+            clock: variant.clock.to_string(),
+        })
     }
 
     pub fn report(&self) -> DeviceReport {

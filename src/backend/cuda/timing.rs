@@ -133,9 +133,29 @@ impl Timer {
         dev: &CudaDevice,
         opts: &TimingOptions,
         aids: Aids<'_>,
-        mut between: impl FnMut() -> Result<(), BackendError>,
+        between: impl FnMut() -> Result<(), BackendError>,
         mut launch: impl FnMut(usize) -> Result<(), BackendError>,
     ) -> Result<RegionSamples, BackendError> {
+        let mut v = self.time_regions(dev, opts, aids, 1, between, |_, i| launch(i))?;
+        Ok(v.remove(0))
+    }
+
+    /// [`Timer::time_region`] for `regions` regions at once, `launch(r, i)`
+    /// queuing region `r`. Their samples alternate (r0 r1 r0 r1 ...), so a
+    /// drift of the device over the case (session 5 saw a second region run
+    /// 9-12% slower than an identical first one) lands on every region alike
+    /// instead of on whichever ran last. Every region gets the same number of
+    /// samples; sampling stops when the region with the least measured time
+    /// meets the minimums.
+    pub fn time_regions(
+        &self,
+        dev: &CudaDevice,
+        opts: &TimingOptions,
+        aids: Aids<'_>,
+        regions: usize,
+        mut between: impl FnMut() -> Result<(), BackendError>,
+        mut launch: impl FnMut(usize, usize) -> Result<(), BackendError>,
+    ) -> Result<Vec<RegionSamples>, BackendError> {
         let cold = match (opts.cold_l2, aids.flush.is_some()) {
             (false, _) => Cold::Warm,
             (true, true) => Cold::Flushed,
@@ -152,64 +172,75 @@ impl Timer {
             Ok(())
         };
         let (start, end) = (dev.event()?, dev.event()?);
-        let mut ms = Vec::new();
+        let mut ms: Vec<Vec<f64>> = vec![Vec::new(); regions];
+        let mut measured = vec![0.0f64; regions];
         let t0 = Instant::now();
-        let mut measured = 0.0;
-        let more = |n: usize, measured: f64| {
+        let more = |ms: &[Vec<f64>], measured: &[f64]| {
+            let n = ms.iter().map(Vec::len).min().unwrap_or(0);
+            let least = measured.iter().copied().fold(f64::INFINITY, f64::min);
             n < opts.min_samples.max(1)
-                || (measured < opts.min_time_ms && n < self.max_samples && t0.elapsed() < self.max_wall)
+                || (least < opts.min_time_ms && n < self.max_samples && t0.elapsed() < self.max_wall)
         };
-        if opts.graph {
+        let (clock, per_sample) = if opts.graph {
             let n = self.graph_launches.max(1);
-            let graph = dev.capture(|| (0..n).try_for_each(&mut launch))?;
+            let graphs = (0..regions)
+                .map(|r| dev.capture(|| (0..n).try_for_each(|i| launch(r, i))))
+                .collect::<Result<Vec<_>, _>>()?;
             for _ in 0..opts.warmup {
-                between()?;
-                dev.replay(&graph)?;
+                for g in &graphs {
+                    between()?;
+                    dev.replay(g)?;
+                }
             }
             dev.sync()?;
-            while more(ms.len(), measured) {
-                between()?;
-                before_sample()?;
-                dev.record(&start)?;
-                dev.replay(&graph)?;
-                dev.record(&end)?;
-                let t = dev.elapsed_ms(&start, &end)?;
-                measured += t;
-                ms.push(t / n as f64);
+            while more(&ms, &measured) {
+                for (r, g) in graphs.iter().enumerate() {
+                    between()?;
+                    before_sample()?;
+                    dev.record(&start)?;
+                    dev.replay(g)?;
+                    dev.record(&end)?;
+                    let t = dev.elapsed_ms(&start, &end)?;
+                    measured[r] += t;
+                    ms[r].push(t / n as f64);
+                }
+            }
+            ("cuda-graph", n)
+        } else {
+            let mut i = 0;
+            for _ in 0..opts.warmup {
+                for r in 0..regions {
+                    between()?;
+                    launch(r, i)?;
+                    i += 1;
+                }
             }
             dev.sync()?;
-            return Ok(RegionSamples {
+            while more(&ms, &measured) {
+                for r in 0..regions {
+                    between()?;
+                    before_sample()?;
+                    dev.record(&start)?;
+                    launch(r, i)?;
+                    dev.record(&end)?;
+                    i += 1;
+                    let t = dev.elapsed_ms(&start, &end)?;
+                    measured[r] += t;
+                    ms[r].push(t);
+                }
+            }
+            ("cuda-events", 1)
+        };
+        dev.sync()?;
+        Ok(ms
+            .into_iter()
+            .map(|ms| RegionSamples {
                 ms,
-                clock: "cuda-graph",
-                launches_per_sample: n,
+                clock,
+                launches_per_sample: per_sample,
                 cold,
-            });
-        }
-        let mut i = 0;
-        for _ in 0..opts.warmup {
-            between()?;
-            launch(i)?;
-            i += 1;
-        }
-        dev.sync()?;
-        while more(ms.len(), measured) {
-            between()?;
-            before_sample()?;
-            dev.record(&start)?;
-            launch(i)?;
-            dev.record(&end)?;
-            i += 1;
-            let t = dev.elapsed_ms(&start, &end)?;
-            measured += t;
-            ms.push(t);
-        }
-        dev.sync()?;
-        Ok(RegionSamples {
-            ms,
-            clock: "cuda-events",
-            launches_per_sample: 1,
-            cold,
-        })
+            })
+            .collect())
     }
 }
 
