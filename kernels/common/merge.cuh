@@ -12,15 +12,24 @@ __device__ __forceinline__ float lse_clean(float x) {
 }
 
 // G = ln(sum_r exp(lse_r) + exp(sink)); `sink` = -inf when there is none.
-// -inf when nothing contributes. Reads lse[r * stride], r < n.
+// -inf when nothing contributes. Reads lse[r * stride], r < n. The loads go
+// out LSE_BATCH at a time, not one dependent round trip per part (a reduce
+// of 16 parts is latency-bound); max and sum keep the order r = 0, 1, ...
+constexpr int LSE_BATCH = 8;
 __device__ __forceinline__ float merge_lse(const float* lse, long long stride, int n, float sink) {
   const float ninf = -__int_as_float(0x7f800000);
   const float s = lse_clean(sink);
   float m = s;
-  for (int r = 0; r < n; ++r) m = fmaxf(m, lse_clean(lse[r * stride]));
+  for (int r0 = 0; r0 < n; r0 += LSE_BATCH) {
+    float x[LSE_BATCH];
+#pragma unroll
+    for (int k = 0; k < LSE_BATCH; ++k) x[k] = r0 + k < n ? lse_clean(lse[(r0 + k) * stride]) : ninf;
+#pragma unroll
+    for (int k = 0; k < LSE_BATCH; ++k) m = fmaxf(m, x[k]);
+  }
   if (m == ninf) return ninf;
   float sum = (s == ninf) ? 0.f : expf(s - m);
-  for (int r = 0; r < n; ++r) {
+  for (int r = 0; r < n; ++r) {  // L1 hits now
     const float x = lse_clean(lse[r * stride]);
     if (x != ninf) sum += expf(x - m);
   }
@@ -45,14 +54,25 @@ __device__ __forceinline__ void merge_row_f32(const float* __restrict__ po, long
   const int d = threadIdx.x * 4;
   const float g = merge_lse(pl, pl_stride, n, sink);
   float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
-  for (int r = 0; r < n; ++r) {
-    const float w = merge_weight(pl[r * pl_stride], g);
-    if (w != 0.f) {
-      const float4 v = __ldg(reinterpret_cast<const float4*>(po + r * po_stride + d));
-      a0 += w * v.x;
-      a1 += w * v.y;
-      a2 += w * v.z;
-      a3 += w * v.w;
+  // O_BATCH parts' loads in flight at once; accumulation stays in part order
+  constexpr int O_BATCH = 4;
+  for (int r0 = 0; r0 < n; r0 += O_BATCH) {
+    float w[O_BATCH];
+    float4 v[O_BATCH];
+#pragma unroll
+    for (int k = 0; k < O_BATCH; ++k) {
+      w[k] = r0 + k < n ? merge_weight(pl[(r0 + k) * pl_stride], g) : 0.f;
+      v[k] = w[k] != 0.f ? __ldg(reinterpret_cast<const float4*>(po + (r0 + k) * po_stride + d))
+                         : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int k = 0; k < O_BATCH; ++k) {
+      if (w[k] != 0.f) {
+        a0 += w[k] * v[k].x;
+        a1 += w[k] * v[k].y;
+        a2 += w[k] * v[k].z;
+        a3 += w[k] * v[k].w;
+      }
     }
   }
   __nv_bfloat162 lo = __floats2bfloat162_rn(a0, a1);
