@@ -4,7 +4,7 @@ use anyhow::{Context, Result};
 use std::io::IsTerminal;
 use std::path::PathBuf;
 
-use super::compare::{read_entries, read_stamp};
+use super::compare::{read_entries, read_meta};
 use crate::error::{exit, InputError};
 use crate::report;
 
@@ -29,19 +29,29 @@ pub fn ab(args: &crate::cli::AbArgs) -> Result<u8> {
         report::ab::table(&rows, std::io::stdout().is_terminal(), args.view.show)
     );
     println!("A/B: {}", report::ab::summary_line(&rows));
-    let stamp = |p: &PathBuf| read_stamp(p);
-    println!(
-        "{}",
-        crate::provenance::compare_line(stamp(&args.control[0]).as_ref(), stamp(&args.candidate[0]).as_ref())
+    let (ctl, cand) = (
+        read_meta(&args.control[0]).unwrap_or_default(),
+        read_meta(&args.candidate[0]).unwrap_or_default(),
     );
+    let kernels = crate::provenance::compare_line(ctl.kernels.as_ref(), cand.kernels.as_ref());
+    println!("{kernels}");
     if let Some(path) = &args.view.markdown {
         let names = |ps: &[PathBuf]| ps.iter().map(|p| p.display().to_string()).collect::<Vec<_>>();
+        // The commands show what else differed (a flag, a kernels dir), which
+        // a pull-request comment's reader cannot see from the run names.
+        let mut provenance = vec![kernels];
+        for (side, meta) in [("control", &ctl), ("candidate", &cand)] {
+            if let Some(cmd) = &meta.command {
+                provenance.push(format!("{side}: `{}`", report::ab::essential_command(cmd)));
+            }
+        }
         let md = report::ab::markdown(
             &rows,
             &names(&args.control),
             &names(&args.candidate),
             thr,
             &args.view.region,
+            &provenance,
         );
         std::fs::write(path, md).with_context(|| format!("writing {}", path.display()))?;
     }

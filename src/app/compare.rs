@@ -21,18 +21,27 @@ pub fn compare(args: &crate::cli::CompareArgs) -> Result<u8> {
 
 /// The kernels stamp in a run's rows.json (beside its rows.csv), if any.
 pub(super) fn read_stamp(path: &Path) -> Option<crate::provenance::KernelsStamp> {
-    #[derive(serde::Deserialize)]
-    struct Meta {
-        #[serde(default)]
-        kernels: Option<crate::provenance::KernelsStamp>,
-    }
+    read_meta(path)?.kernels
+}
+
+/// What a run's rows.json says about how it was made; `None` fields when
+/// the run predates them or the file is missing.
+#[derive(serde::Deserialize, Default)]
+pub(super) struct RunMetaView {
+    #[serde(default)]
+    pub kernels: Option<crate::provenance::KernelsStamp>,
+    #[serde(default)]
+    pub command: Option<String>,
+}
+
+pub(super) fn read_meta(path: &Path) -> Option<RunMetaView> {
     #[derive(serde::Deserialize)]
     struct Run {
-        meta: Meta,
+        meta: RunMetaView,
     }
     let dir = if path.is_dir() { path } else { path.parent()? };
     let bytes = std::fs::read(dir.join("rows.json")).ok()?;
-    serde_json::from_slice::<Run>(&bytes).ok()?.meta.kernels
+    Some(serde_json::from_slice::<Run>(&bytes).ok()?.meta)
 }
 
 /// A run directory's rows.csv, or the CSV itself.

@@ -88,8 +88,34 @@ pub fn table(rows: &[AbRow], tty: bool, limit: usize) -> String {
     s
 }
 
-/// The whole A/B as Markdown. `sides` names the runs of each side.
-pub fn markdown(rows: &[AbRow], control: &[String], candidate: &[String], threshold: f64, region: &str) -> String {
+/// A run's command without where it wrote (`--out`, `--run-id`) or how
+/// loudly (`-q`): what is left is what the run measured.
+pub fn essential_command(cmd: &str) -> String {
+    let mut out = Vec::new();
+    let mut words = cmd.split_whitespace();
+    while let Some(w) = words.next() {
+        match w {
+            "--out" | "--run-id" => {
+                words.next();
+            }
+            "-q" | "--quiet" => {}
+            _ if w.starts_with("--out=") || w.starts_with("--run-id=") => {}
+            _ => out.push(w),
+        }
+    }
+    out.join(" ")
+}
+
+/// The whole A/B as Markdown. `control` and `candidate` name each side's
+/// runs; `provenance` lines (kernels, commands) follow the verdict.
+pub fn markdown(
+    rows: &[AbRow],
+    control: &[String],
+    candidate: &[String],
+    threshold: f64,
+    region: &str,
+    provenance: &[String],
+) -> String {
     let regressed = rows.iter().any(|r| r.verdict.is_regression());
     let mut s = format!(
         "## mlabench A/B: {}\n\ncontrol: {}; candidate: {}. {region} time, median over rounds; a change counts past {:.1}% and past both sides' round-to-round drift.\n\n**{}**\n\n",
@@ -99,6 +125,12 @@ pub fn markdown(rows: &[AbRow], control: &[String], candidate: &[String], thresh
         threshold * 100.0,
         summary_line(rows)
     );
+    for line in provenance {
+        s.push_str(&format!("- {line}\n"));
+    }
+    if !provenance.is_empty() {
+        s.push('\n');
+    }
     s.push_str("| case | variant | control | candidate | change | drift (ctl/cand) | verdict |\n");
     s.push_str("| --- | --- | ---: | ---: | ---: | ---: | --- |\n");
     for r in rows {
@@ -147,11 +179,29 @@ mod tests {
             "{t}"
         );
         assert!(t.contains("(1 more rows not shown)"), "{t}");
-        let md = markdown(&rows, &["c0-r1".into()], &["c1-r1".into()], 0.02, "variant");
+        let prov = vec!["kernels: the same sources in both runs (sha256 abc)".to_string()];
+        let md = markdown(&rows, &["c0-r1".into()], &["c1-r1".into()], 0.02, "variant", &prov);
         assert!(md.starts_with("## mlabench A/B: regression"), "{md}");
+        assert!(
+            md.contains("\n- kernels: the same sources in both runs (sha256 abc)\n\n| case"),
+            "{md}"
+        );
         assert!(
             md.contains("| `b` | ps1 | 1.00 ms | 800 µs | -20.0% | 3.0% / 1.0% | faster |"),
             "{md}"
+        );
+    }
+
+    #[test]
+    fn essential_command_drops_where_and_how_loudly_not_what() {
+        let cmd = "bin run s.toml --backend cuda --kernels-dir k2 --out /tmp/x --run-id c1-r1 -q --check-rows 16 --pdl";
+        assert_eq!(
+            essential_command(cmd),
+            "bin run s.toml --backend cuda --kernels-dir k2 --check-rows 16 --pdl"
+        );
+        assert_eq!(
+            essential_command("bin run --out=/o --run-id=r a.toml"),
+            "bin run a.toml"
         );
     }
 }
