@@ -38,7 +38,8 @@ fn bf16_out(bits: &[u16]) -> Vec<f32> {
         .collect()
 }
 
-/// One region timed as both kernel and variant (variants of one launch).
+/// A variant that is one kernel: its one timed region is both the kernel
+/// and the variant time.
 fn samples(kernel: Vec<f64>, variant: Vec<f64>, clock: &str) -> Samples {
     Samples {
         kernel_ms: kernel,

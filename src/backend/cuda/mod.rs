@@ -15,8 +15,6 @@ pub mod spec;
 pub mod timing;
 
 use std::collections::HashMap;
-
-use crate::backend::Samples;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -28,7 +26,7 @@ pub use report::{Ceilings, DeviceProps, DeviceReport, LaunchOverhead};
 pub use spec::KernelSpec;
 pub use timing::{Aids, Cold, L2Flush, RegionSamples, Timer};
 
-use super::{Backend, BackendError, DeviceInfo, RunOutput, RunRequest, TimingOptions};
+use super::{Backend, BackendError, DeviceInfo, RunOutput, RunRequest, Samples, TimingOptions};
 use probe::Probe;
 
 /// What [`CudaBackend::open_with`] does besides opening the device.

@@ -141,7 +141,8 @@ impl Timer {
     }
 
     /// [`Timer::time_region`] for `regions` regions at once, `launch(r, i)`
-    /// queuing region `r`. Their samples alternate (r0 r1 r0 r1 ...), so a
+    /// queuing launch `i` of region `r` (counted per region, so rotating
+    /// inputs by `i` cycles each region through every copy). Their samples alternate (r0 r1 r0 r1 ...), so a
     /// drift of the device over the case (session 5 saw a second region run
     /// 9-12% slower than an identical first one) lands on every region alike
     /// instead of on whichever ran last. Every region gets the same number of
@@ -207,12 +208,12 @@ impl Timer {
             }
             ("cuda-graph", n)
         } else {
-            let mut i = 0;
+            let mut i = vec![0usize; regions];
             for _ in 0..opts.warmup {
-                for r in 0..regions {
+                for (r, ir) in i.iter_mut().enumerate() {
                     between()?;
-                    launch(r, i)?;
-                    i += 1;
+                    launch(r, *ir)?;
+                    *ir += 1;
                 }
             }
             dev.sync()?;
@@ -221,9 +222,9 @@ impl Timer {
                     between()?;
                     before_sample()?;
                     dev.record(&start)?;
-                    launch(r, i)?;
+                    launch(r, i[r])?;
                     dev.record(&end)?;
-                    i += 1;
+                    i[r] += 1;
                     let t = dev.elapsed_ms(&start, &end)?;
                     measured[r] += t;
                     ms[r].push(t);
