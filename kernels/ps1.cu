@@ -23,10 +23,21 @@ extern "C" __global__ void __launch_bounds__(mla::THREADS, 1)
 #else
   const float out_scale = kv_scale;
 #endif
-  const int w_end = work_indptr[blockIdx.x + 1];
-  for (int w = work_indptr[blockIdx.x]; w < w_end; ++w) {
-    const int* it = work_items + 8ll * w;
-    const int b = it[0], partial = it[1], q_start = it[2], q_end = it[3], kv_start = it[4], kv_end = it[5];
+  // Item blockIdx.x is read with work_indptr, not after it: the balanced
+  // plan gives CTA c item c first whenever it has at least as many items as
+  // busy CTAs, so one dependent round trip leaves the CTA's start. The host
+  // pads work_items to num_ctas items, so this read is always in bounds.
+  const int4* spec = reinterpret_cast<const int4*>(work_items) + 2ll * blockIdx.x;
+  const int4 s0 = __ldg(spec), s1 = __ldg(spec + 1);
+  const int w_begin = work_indptr[blockIdx.x], w_end = work_indptr[blockIdx.x + 1];
+  for (int w = w_begin; w < w_end; ++w) {
+    int4 i0 = s0, i1 = s1;
+    if (w != static_cast<int>(blockIdx.x)) {
+      const int4* it = reinterpret_cast<const int4*>(work_items) + 2ll * w;
+      i0 = __ldg(it);
+      i1 = __ldg(it + 1);
+    }
+    const int b = i0.x, partial = i0.y, q_start = i0.z, q_end = i0.w, kv_start = i1.x, kv_end = i1.y;
     const int qo0 = qo_indptr[b], s_q = qo_indptr[b + 1] - qo0;
     const int L = g_kv_indptr[b + 1] - g_kv_indptr[b];
     const int rows = (q_end - q_start) * HK;

@@ -36,6 +36,9 @@
 //           issue (1 or 2; default 1)
 //   TILE_SPLIT with GROUPS=2: 0 = group g takes tiles g, g+2, ... (default);
 //           1 = group 0 the first half of the tiles, group 1 the second
+//   EARLY_Q fp8, or bf16 with QSMEM: 1 = Q's loads go out before the first
+//           KV tiles are requested and are stored after (ps1: -1% at b64
+//           c4096 fp8; page64 lost 2-5% in its loop's codegen, session 7)
 //
 // Warp roles, within a group (w: warp of the group): for S = Q K^T, bf16: warp w owns dims [144*(w%4), +144) and the
 // token group w/4 of the tile (split-K; the 4 partial S tiles are summed
@@ -86,6 +89,9 @@
 #ifndef TILE_SPLIT
 #define TILE_SPLIT 0
 #endif
+#ifndef EARLY_Q
+#define EARLY_Q 0
+#endif
 
 static_assert(HK % 16 == 0 && HK >= 16 && HK <= 128, "HK must be a multiple of 16 in 16..128");
 static_assert(MT == 1 || MT == 2, "MT must be 1 or 2");
@@ -98,6 +104,7 @@ static_assert(IDX_AHEAD == 1 || IDX_AHEAD == 2, "IDX_AHEAD must be 1 or 2");
 static_assert(TILE_SPLIT == 0 || TILE_SPLIT == 1, "TILE_SPLIT must be 0 or 1");
 static_assert(QSMEM == 0 || QSMEM == 1, "QSMEM must be 0 or 1");
 static_assert(HOIST == 0 || HOIST == 1, "HOIST must be 0 or 1");
+static_assert(EARLY_Q == 0 || EARLY_Q == 1, "EARLY_Q must be 0 or 1");
 static_assert(LD_LINES == 0 || KV_FP8, "LD_LINES is an fp8 loader");
 static_assert(!KV_FP8 || QSMEM == 0, "fp8 keeps Q in shared memory as e4m3: QSMEM is for bf16");
 static_assert(!KV_FP8 || (BN == 64 && WARPS / GROUPS == 8), "fp8: BN 64 (the wgmma M) and two warpgroups per group");
@@ -261,7 +268,46 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
   const unsigned smem0 = smem_u32(smem + grp * RING_BYTES);
   const unsigned ps_base = smem_u32(psm);
 
+#if KV_FP8 || QSMEM
+#if EARLY_Q
+  // Q of the pass goes to shared memory (fp8: e4m3 in the wgmma layout,
+  // column block b = dims [128b, +128) at OFF_Q + b*ROWS*128, swizzled
+  // 16-byte chunks; bf16: rows of RSQ bytes). Its loads go out here, into
+  // registers, and are stored after the first KV tiles are requested below,
+  // so Q's round trip overlaps the page table's instead of preceding it.
+  constexpr int Q_CH = ROWS * ROW_CH;
+  constexpr int Q_PT = (Q_CH + THREADS - 1) / THREADS;
+  uint4 qv[Q_PT];
+#pragma unroll
+  for (int k = 0; k < Q_PT; ++k) {
+    const int i = static_cast<int>(threadIdx.x) + k * THREADS;
+    const int r = i / ROW_CH, ch = i % ROW_CH;
+    const bool hi = MT > 1 && r >= 16;
+    qv[k] = make_uint4(0u, 0u, 0u, 0u);
+    if (i < Q_CH && (hi ? ps.valid[MT - 1] : ps.valid[0])) {
+      const long long qr = (hi ? ps.q_row[MT - 1] : ps.q_row[0]) + (r & 15);
+      qv[k] = __ldg(reinterpret_cast<const uint4*>(q + qr * ROW_BYTES + ch * 16));
+    }
+  }
+  auto store_q = [&]() {
+    unsigned char* qs = smem + OFF_Q;
+#pragma unroll
+    for (int k = 0; k < Q_PT; ++k) {
+      const int i = static_cast<int>(threadIdx.x) + k * THREADS;
+      if (i >= Q_CH) continue;
+      const int r = i / ROW_CH, ch = i % ROW_CH;
 #if KV_FP8
+      *reinterpret_cast<uint4*>(qs + (ch >> 3) * (ROWS * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4)) = qv[k];
+#else
+      *reinterpret_cast<uint4*>(qs + r * RSQ + ch * 16) = qv[k];
+#endif
+    }
+#if KV_FP8
+    fence_proxy_async();
+#endif
+    __syncthreads();
+  };
+#elif KV_FP8
   // Q of the pass into shared memory as e4m3 in the wgmma layout: column
   // block b (dims [128b, +128)) at OFF_Q + b*ROWS*128, swizzled 16-byte chunks.
   {
@@ -279,8 +325,7 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
     fence_proxy_async();
     __syncthreads();
   }
-  const unsigned q_s = smem_u32(smem + OFF_Q);
-#elif QSMEM
+#else
   // Q of the pass into shared memory (bf16), rows of RSQ bytes.
   {
     unsigned char* qs = smem + OFF_Q;
@@ -296,7 +341,12 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
     }
     __syncthreads();
   }
+#endif
+#if KV_FP8
+  const unsigned q_s = smem_u32(smem + OFF_Q);
+#else
   const unsigned q_base = smem_u32(smem + OFF_Q) + (lane & 15) * RSQ + (kw * 144 + (lane >> 4) * 8) * 2;
+#endif
 #else
   // Q fragments of this warp's 144-dim slice, for every m-tile.
   unsigned qf[MT][9][4];
@@ -413,6 +463,9 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
     if (s < ntiles) issue(s, pre[s]);
     cp_async_commit();
   }
+#if EARLY_Q && (KV_FP8 || QSMEM)
+  store_q();  // the first tiles are in flight
+#endif
   EntT nrow = row_of(STAGES - 1);  // prefetched IDX_AHEAD tiles ahead of its issue
 #if IDX_AHEAD == 2
   EntT nrow2 = row_of(STAGES);

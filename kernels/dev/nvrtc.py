@@ -136,7 +136,7 @@ def all_configs():
     for fp8 in (0, 1):
         for hk in range(16, 129, 16):
             for mt, w in ((1, None), (1, 8), (2, None)):
-                cfgs.append(("ps1.cu", dict(mla_defines(hk, fp8, mt, warps=w, hoist=fp8), LD_LINES=fp8)))
+                cfgs.append(("ps1.cu", dict(mla_defines(hk, fp8, mt, warps=w, hoist=fp8), LD_LINES=fp8, EARLY_Q=1)))
                 cfgs.append(("page64.cu", mla_defines(hk, fp8, mt, warps=w, hoist=fp8)))
     cfgs.append(("merge.cu", {}))
     return cfgs

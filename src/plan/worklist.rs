@@ -461,14 +461,16 @@ impl WorkList {
         Ok(())
     }
 
-    /// Device layout: items as `[n, 8]` (seq, partial, q_start, q_end,
-    /// kv_start, kv_end, 0, 0) and reduce items as `[m, 4]`.
+    /// Device layout: items as `[max(n, num_ctas), 8]` (seq, partial,
+    /// q_start, q_end, kv_start, kv_end, 0, 0; zero rows pad, since CTA c
+    /// reads item c before its work_indptr arrives) and reduce items as `[m, 4]`.
     pub fn to_i32(&self) -> (Vec<i32>, Vec<i32>) {
-        let items = self
+        let mut items: Vec<i32> = self
             .items
             .iter()
             .flat_map(|it| [it.seq, it.partial, it.q_start, it.q_end, it.kv_start, it.kv_end, 0, 0])
             .collect();
+        items.resize(ITEM_WORDS * self.items.len().max(self.num_ctas), 0);
         let reduce = self
             .reduce
             .iter()
@@ -665,8 +667,10 @@ mod tests {
     fn device_layout() {
         let wl = build_worklist("c", &[1000], &uniform_qo(1, 2), 4, 16, 16).unwrap();
         let (items, reduce) = wl.to_i32();
-        assert_eq!(items.len(), 3 * ITEM_WORDS);
+        // 3 items on 4 CTAs: a zero item pads to one per CTA
+        assert_eq!(items.len(), 4 * ITEM_WORDS);
         assert_eq!(&items[8..16], &[0, 2, 0, 2, 336, 672, 0, 0]);
+        assert!(items[3 * ITEM_WORDS..].iter().all(|&x| x == 0));
         assert_eq!(reduce, vec![0, 2, 0, 3]);
     }
 

@@ -93,10 +93,13 @@ fn mla(file: &'static str, entries: &[&'static str], hk: usize, fp8: bool, mt: u
 /// kernels/dev/NOTES.md), since scattered rows fill the SM's request queue,
 /// and hoists its address arithmetic (`HOIST`), which lost at long contexts
 /// alone but wins with the line loader (session 5, kernels/dev/NOTES.md).
+/// Q's loads overlap its first KV tiles' (`EARLY_Q`, session 7 in
+/// docs/perf-notes.md; page64 lost with it).
 pub fn ps1(hk: usize, fp8: bool, mt: usize) -> KernelSpec {
     mla("ps1.cu", &["ps1_fwd", "ps1_reduce"], hk, fp8, mt)
         .define("LD_LINES", fp8 as u8)
         .define("HOIST", fp8 as u8)
+        .define("EARLY_Q", 1)
 }
 
 /// page64 fp8 hoists its address arithmetic out of the tile loop (`HOIST`,
