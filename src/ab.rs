@@ -21,7 +21,8 @@ pub enum AbVerdict {
     Faster,
     /// Within the noise.
     Same,
-    /// Not in every run, untimed, or timed with different clocks.
+    /// Not in every run, untimed, or timed with different clocks (unless
+    /// mixed clocks are allowed; each side still needs one clock).
     Incomplete,
 }
 
@@ -62,8 +63,10 @@ fn spread(v: &[f64]) -> f64 {
 /// Pools each side's runs (rounds) per (case, variant) and judges the
 /// candidate: a change counts when |ratio - 1| exceeds `threshold` (a
 /// fraction) and the larger of the two sides' round-to-round spreads.
-/// Sorted worst first, then by case.
-pub fn ab(control: &[Vec<Entry>], candidate: &[Vec<Entry>], threshold: f64) -> Vec<AbRow> {
+/// Sorted worst first, then by case. `mixed_clocks`: compare a control
+/// timed with one clock against a candidate timed with another (eager
+/// events against graph replay); without it such rows are incomplete.
+pub fn ab(control: &[Vec<Entry>], candidate: &[Vec<Entry>], threshold: f64, mixed_clocks: bool) -> Vec<AbRow> {
     type Key = (String, String);
     let index = |runs: &[Vec<Entry>]| {
         let mut m: BTreeMap<Key, Vec<Option<Entry>>> = BTreeMap::new();
@@ -83,7 +86,7 @@ pub fn ab(control: &[Vec<Entry>], candidate: &[Vec<Entry>], threshold: f64) -> V
     keys.dedup();
     let mut rows: Vec<AbRow> = keys
         .into_iter()
-        .map(|k| judge(k, c.get(k), d.get(k), threshold))
+        .map(|k| judge(k, c.get(k), d.get(k), threshold, mixed_clocks))
         .collect();
     rows.sort_by(|a, b| {
         a.verdict
@@ -99,6 +102,7 @@ fn judge(
     ctrl: Option<&Vec<Option<Entry>>>,
     cand: Option<&Vec<Option<Entry>>>,
     threshold: f64,
+    mixed_clocks: bool,
 ) -> AbRow {
     let complete = |s: Option<&Vec<Option<Entry>>>| -> Option<Vec<Entry>> { s?.iter().cloned().collect() };
     let (ctrl, cand) = (complete(ctrl), complete(cand));
@@ -120,16 +124,13 @@ fn judge(
         row.verdict = AbVerdict::Broke;
         return row;
     }
-    let clock = &ctrl[0].clock;
-    let times = |side: &[Entry]| -> Option<Vec<f64>> {
-        side.iter()
-            .map(|e| {
-                e.timing
-                    .filter(|_| !clock.is_empty() && e.clock == *clock)
-                    .map(|t| t.median)
-            })
-            .collect()
+    let (Some(cc), Some(dc)) = (one_clock(&ctrl), one_clock(&cand)) else {
+        return row;
     };
+    if cc != dc && !mixed_clocks {
+        return row;
+    }
+    let times = |side: &[Entry]| -> Option<Vec<f64>> { side.iter().map(|e| e.timing.map(|t| t.median)).collect() };
     let (Some(mut ct), Some(mut dt)) = (times(&ctrl), times(&cand)) else {
         return row;
     };
@@ -150,6 +151,32 @@ fn judge(
     row.control_spread = Some(cs);
     row.candidate_spread = Some(ds);
     row
+}
+
+/// The clock every entry of one side was timed with, if they share one.
+fn one_clock(side: &[Entry]) -> Option<&str> {
+    let c = side.first()?.clock.as_str();
+    (!c.is_empty() && side.iter().all(|e| e.clock == c)).then_some(c)
+}
+
+/// The two sides' clocks when every timed entry of each side shares one and
+/// they differ: why a plain A/B of eager against `--graph` runs is empty.
+pub fn clock_mismatch(control: &[Vec<Entry>], candidate: &[Vec<Entry>]) -> Option<(String, String)> {
+    let clocks = |runs: &[Vec<Entry>]| -> Vec<String> {
+        let mut v: Vec<String> = runs
+            .iter()
+            .flatten()
+            .map(|e| e.clock.clone())
+            .filter(|c| !c.is_empty())
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    };
+    match (clocks(control).as_slice(), clocks(candidate).as_slice()) {
+        ([c], [d]) if c != d => Some((c.clone(), d.clone())),
+        _ => None,
+    }
 }
 
 /// Geometric mean of the ratios of the rows with one.
@@ -212,7 +239,7 @@ mod tests {
                 e("c", "pass", Some(0.94)),
             ],
         ];
-        let rows = ab(&control, &cand, 0.02);
+        let rows = ab(&control, &cand, 0.02, false);
         assert_eq!(verdict(&rows, "a"), AbVerdict::Same);
         assert_eq!(verdict(&rows, "b"), AbVerdict::Faster);
         assert_eq!(verdict(&rows, "c"), AbVerdict::Faster);
@@ -221,7 +248,7 @@ mod tests {
         assert!((a.control_spread.unwrap() - 0.1).abs() < 1e-12);
         assert!((a.ratio.unwrap() - 0.99 / 1.05).abs() < 1e-12);
         // Swapped, the same rows are slower: a regression.
-        let rows = ab(&cand, &control, 0.02);
+        let rows = ab(&cand, &control, 0.02, false);
         assert_eq!(verdict(&rows, "b"), AbVerdict::Slower);
         assert!(rows[0].verdict.is_regression(), "worst first");
     }
@@ -239,7 +266,7 @@ mod tests {
             e("quiet", "pass", None),
             e("was-broken", "fail", Some(1.0)),
         ]];
-        let rows = ab(&control, &cand, 0.05);
+        let rows = ab(&control, &cand, 0.05, false);
         assert_eq!(verdict(&rows, "ok"), AbVerdict::Broke);
         assert_eq!(verdict(&rows, "gone"), AbVerdict::Incomplete);
         assert_eq!(verdict(&rows, "quiet"), AbVerdict::Incomplete);
@@ -252,6 +279,29 @@ mod tests {
     fn a_row_missing_from_one_round_is_incomplete() {
         let control = vec![vec![e("a", "pass", Some(1.0))], vec![e("a", "pass", Some(1.0))]];
         let cand = vec![vec![e("a", "pass", Some(0.5))], vec![]];
-        assert_eq!(verdict(&ab(&control, &cand, 0.05), "a"), AbVerdict::Incomplete);
+        assert_eq!(verdict(&ab(&control, &cand, 0.05, false), "a"), AbVerdict::Incomplete);
+    }
+
+    #[test]
+    fn clocks_must_match_unless_mixed_clocks_are_asked_for() {
+        let graph = |mut x: Entry| {
+            x.clock = "cuda-graph".into();
+            x
+        };
+        let control = vec![vec![e("a", "pass", Some(1.0))]];
+        let cand = vec![vec![graph(e("a", "pass", Some(0.9)))]];
+        assert_eq!(verdict(&ab(&control, &cand, 0.05, false), "a"), AbVerdict::Incomplete);
+        assert_eq!(
+            clock_mismatch(&control, &cand),
+            Some(("cuda-events".to_string(), "cuda-graph".to_string()))
+        );
+        let rows = ab(&control, &cand, 0.05, true);
+        assert_eq!(verdict(&rows, "a"), AbVerdict::Faster);
+        assert!((rows[0].ratio.unwrap() - 0.9).abs() < 1e-12);
+        // One side on two clocks across its rounds stays incomplete.
+        let mixed_side = vec![vec![e("a", "pass", Some(1.0))], vec![graph(e("a", "pass", Some(1.0)))]];
+        let two = vec![vec![e("a", "pass", Some(1.0))], vec![e("a", "pass", Some(1.0))]];
+        assert_eq!(verdict(&ab(&mixed_side, &two, 0.05, true), "a"), AbVerdict::Incomplete);
+        assert_eq!(clock_mismatch(&mixed_side, &two), None);
     }
 }

@@ -111,6 +111,10 @@ pub struct AbArgs {
     /// round-to-round drift.
     #[arg(long, default_value_t = 2.0, value_name = "PCT")]
     pub threshold: f64,
+    /// Compare a control and a candidate timed with different clocks, such
+    /// as eager runs against `--graph` runs (each side keeps one clock).
+    #[arg(long)]
+    pub mixed_clocks: bool,
     #[command(flatten)]
     pub view: CompareView,
 }

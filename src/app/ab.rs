@@ -17,12 +17,16 @@ pub fn ab(args: &crate::cli::AbArgs) -> Result<u8> {
     };
     let (control, candidate) = (read(&args.control)?, read(&args.candidate)?);
     let thr = args.threshold / 100.0;
-    let rows = crate::ab::ab(&control, &candidate, thr);
+    let rows = crate::ab::ab(&control, &candidate, thr, args.mixed_clocks);
+    let clocks = crate::ab::clock_mismatch(&control, &candidate);
     if rows.iter().all(|r| r.verdict == crate::ab::AbVerdict::Incomplete) {
-        return Err(InputError::Usage(
-            "no (case, variant) row is timed with one clock in every run; give runs of the same scenario and cases, timed".into(),
-        )
-        .into());
+        let why = match (&clocks, args.mixed_clocks) {
+            (Some((c, d)), false) => format!(
+                "the control runs are timed with {c} and the candidate runs with {d}; pass --mixed-clocks to compare them anyway (e.g. eager launches against --graph replay)"
+            ),
+            _ => "no (case, variant) row is timed with one clock in every run; give runs of the same scenario and cases, timed".into(),
+        };
+        return Err(InputError::Usage(why).into());
     }
     println!(
         "{}",
@@ -40,6 +44,9 @@ pub fn ab(args: &crate::cli::AbArgs) -> Result<u8> {
         // The commands show what else differed (a flag, a kernels dir), which
         // a pull-request comment's reader cannot see from the run names.
         let mut provenance = vec![kernels];
+        if let (Some((c, d)), true) = (&clocks, args.mixed_clocks) {
+            provenance.push(format!("clocks: control {c}, candidate {d} (--mixed-clocks)"));
+        }
         for (side, meta) in [("control", &ctl), ("candidate", &cand)] {
             if let Some(cmd) = &meta.command {
                 provenance.push(format!("{side}: `{}`", report::ab::essential_command(cmd)));
