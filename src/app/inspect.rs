@@ -36,13 +36,14 @@ pub fn list(args: &ListArgs) -> Result<u8> {
         .filter(|p| p.extension().map(|x| x == "toml").unwrap_or(false))
         .collect();
     files.sort();
+    let w = files.iter().map(|f| f.display().to_string().len()).max().unwrap_or(0);
     for f in files {
         match scenario::load(&f) {
             Ok(sc) => {
                 let ex = scenario::expand(&sc);
-                println!("  {:<28} {:>5} cases  {}", f.display(), ex.cases.len(), sc.description);
+                println!("  {:<w$} {:>5} cases  {}", f.display(), ex.cases.len(), sc.description);
             }
-            Err(e) => println!("  {:<28} INVALID: {e}", f.display()),
+            Err(e) => println!("  {:<w$} INVALID: {e}", f.display()),
         }
     }
     Ok(exit::OK)
