@@ -147,16 +147,7 @@ fn judge(b: &Entry, c: &Entry, threshold: f64) -> (Verdict, Option<f64>) {
 
 /// How many deltas got each verdict, in `Verdict` order.
 pub fn tally(deltas: &[Delta]) -> Vec<(Verdict, usize)> {
-    count(deltas.iter().map(|d| d.verdict))
-}
-
-/// How often each value occurs, in order.
-pub fn count<V: Ord>(vs: impl IntoIterator<Item = V>) -> Vec<(V, usize)> {
-    let mut t = std::collections::BTreeMap::new();
-    for v in vs {
-        *t.entry(v).or_insert(0) += 1;
-    }
-    t.into_iter().collect()
+    crate::stats::count(deltas.iter().map(|d| d.verdict))
 }
 
 /// Geometric mean of the candidate/baseline ratios that were compared.

@@ -65,6 +65,15 @@ impl Summary {
     }
 }
 
+/// How often each value occurs, in order.
+pub fn count<V: Ord>(vs: impl IntoIterator<Item = V>) -> Vec<(V, usize)> {
+    let mut t = std::collections::BTreeMap::new();
+    for v in vs {
+        *t.entry(v).or_insert(0) += 1;
+    }
+    t.into_iter().collect()
+}
+
 /// Geometric mean; `None` for no values.
 pub fn geomean(xs: impl IntoIterator<Item = f64>) -> Option<f64> {
     let (sum, n) = xs.into_iter().fold((0.0, 0usize), |(s, n), x| (s + x.ln(), n + 1));

@@ -262,11 +262,21 @@ pub fn assemble(
     let batch = local_lens.len();
     check_qo(case_id, batch, qo_indptr)?;
     let mut count = vec![0usize; batch];
-    for p in pieces {
+    for (i, p) in pieces.iter().enumerate() {
         if p.seq >= batch || p.cta >= num_ctas {
             return Err(PlanError::new(
                 case_id,
                 format!("piece {p:?} is outside {batch} sequences / {num_ctas} CTAs"),
+            ));
+        }
+        // work_indptr is counted per CTA, so each CTA's items must be contiguous
+        if i > 0 && p.cta < pieces[i - 1].cta {
+            return Err(PlanError::new(
+                case_id,
+                format!(
+                    "piece {p:?} comes after one on CTA {} (pieces go in CTA order)",
+                    pieces[i - 1].cta
+                ),
             ));
         }
         count[p.seq] += 1;
@@ -672,6 +682,42 @@ mod tests {
         assert_eq!(&items[8..16], &[0, 2, 0, 2, 336, 672, 0, 0]);
         assert!(items[3 * ITEM_WORDS..].iter().all(|&x| x == 0));
         assert_eq!(reduce, vec![0, 2, 0, 3]);
+    }
+
+    #[test]
+    fn assemble_rejects_pieces_out_of_cta_order() {
+        let piece = |cta, kv_start, kv_end| Piece {
+            cta,
+            seq: 0,
+            kv_start,
+            kv_end,
+        };
+        let lens = [64];
+        let ok = assemble(
+            "c",
+            &[piece(0, 0, 32), piece(1, 32, 64)],
+            &lens,
+            &[0, 1],
+            2,
+            16,
+            16,
+            0,
+            Ps1Schedule::Balanced,
+        );
+        assert_eq!(ok.unwrap().work_indptr, vec![0, 1, 2]);
+        let e = assemble(
+            "c",
+            &[piece(1, 0, 32), piece(0, 32, 64)],
+            &lens,
+            &[0, 1],
+            2,
+            16,
+            16,
+            0,
+            Ps1Schedule::Balanced,
+        )
+        .unwrap_err();
+        assert!(e.what.contains("CTA order"), "{}", e.what);
     }
 
     #[test]

@@ -31,7 +31,7 @@ fn spread(v: Option<f64>) -> String {
 
 /// `3 faster, 1 slower, 12 same (geomean -4.2%); control drift up to 2.9%`.
 pub fn summary_line(rows: &[AbRow]) -> String {
-    let parts: Vec<String> = crate::compare::count(rows.iter().map(|r| r.verdict))
+    let parts: Vec<String> = crate::stats::count(rows.iter().map(|r| r.verdict))
         .iter()
         .map(|(v, n)| format!("{n} {}", word(*v).to_lowercase()))
         .collect();
