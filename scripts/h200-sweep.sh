@@ -6,7 +6,8 @@
 # The whole sweep takes longer than one device command may run (10 min), so
 # `mla` (smoke, kimi, bandwidth; ~150 s), `sweep` (mla-sweep; ~350 s) and
 # `v4` (dsv4-pro, splits, v4-sweep; ~200 s) split it into calls.
-# Env: RUNS_DIR, where the run directories go (default OUTDIR/runs). A device
+# Env: RUN_ARGS, flags added to every `run` (split on spaces, e.g. "--graph").
+# RUNS_DIR, where the run directories go (default OUTDIR/runs). A device
 # call returns at most 8 files from $OUT, so there pass a directory outside
 # it (RUNS_DIR=$(mktemp -d)) and fetch OUTDIR/runs.tgz alone.
 # Runs in priority order; after each run OUTDIR/runs.tgz is refreshed, so a
@@ -19,6 +20,7 @@ DEADLINE=$(( $(date +%s) + ${3:?} ))
 PART=${4:-all}
 case $PART in all|mla|sweep|v4) ;; *) echo "part must be all, mla, sweep or v4, not '$PART'" >&2; exit 2 ;; esac
 R=${RUNS_DIR:-$OUT/runs}
+read -r -a EXTRA <<<"${RUN_ARGS:-}"
 mkdir -p "$OUT" "$R"
 export MLABENCH_CACHE=${MLABENCH_CACHE:-$PWD/.kcache}
 summary=()
@@ -27,7 +29,9 @@ step() {
     [[ $PART == all || $PART == "$part" ]] || return 0
     local left=$(( DEADLINE - $(date +%s) ))
     if (( left < 15 )); then summary+=("$id: not run (deadline)"); return; fi
-    timeout "$left" "$BIN" "$@" --backend cuda --out "$R" --run-id "$id" >"$R/$id.log" 2>&1
+    local extra=()
+    [[ $1 == run ]] && extra=("${EXTRA[@]}")
+    timeout "$left" "$BIN" "$@" "${extra[@]}" --backend cuda --out "$R" --run-id "$id" >"$R/$id.log" 2>&1
     local rc=$?
     summary+=("$id (exit $rc): $(grep -E 'passed, |regret' "$R/$id.log" | tail -2 | tr '\n' ' ')")
     tar czf "$OUT/runs.tgz" -C "$R" --transform 's,^\.,runs,' .

@@ -8,6 +8,8 @@
 # Device call: KIT=DIR bash kernels/dev/ab-report-call.sh   (carry [DIR])
 # Writes $OUT/ab.tgz (A/B dirs and pages) and $OUT/runs.tgz (report runs);
 # prints the A/B tables and the report's summary lines last.
+# Env: CAND_ARGS, host flags of the candidate side and of every report run
+# (e.g. "--graph"); the control runs without them.
 set -u
 D=${KIT:?KIT=kit dir} CTL=${CTL:-$D/k-base} CASE=${CASE:-c4096}
 export MLABENCH_CACHE=$PWD/$D/kcache MLABENCH_CUDA_INCLUDE=$PWD/$D/cuinc BIN=$PWD/$D/mlabench
@@ -20,9 +22,9 @@ DEADLINE_S=60 scripts/kernel-ab.sh $W/occ scenarios/mla-occupancy.toml 1 $CTL ke
     -- --check-rows 16 > $W/occ.txt 2>&1
 echo "[t=$(el)s] occupancy A/B rc=$?"
 tar czf $O/ab.tgz -C $W .
-RUNS_DIR=$R scripts/h200-sweep.sh $O $BIN $(( 540 - $(el) - 70 )) mla > $W/sweep.txt 2>&1
+RUN_ARGS=${CAND_ARGS:-} RUNS_DIR=$R scripts/h200-sweep.sh $O $BIN $(( 540 - $(el) - 70 )) mla > $W/sweep.txt 2>&1
 echo "[t=$(el)s] report mla rc=$?"
-timeout $(( 560 - $(el) )) $BIN run scenarios/mla-gather.toml --backend cuda --check-rows 16 \
+timeout $(( 560 - $(el) )) $BIN run scenarios/mla-gather.toml --backend cuda --check-rows 16 ${CAND_ARGS:-} \
     --out $R --run-id mla-gather > $R/mla-gather.log 2>&1
 echo "[t=$(el)s] mla-gather rc=$? $(grep -E 'passed, ' $R/mla-gather.log | tail -1)"
 tar czf $O/runs.tgz -C $R --transform 's,^\.,runs,' .
