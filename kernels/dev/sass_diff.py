@@ -35,11 +35,14 @@ def nvdisasm():
     return shutil.which("nvdisasm") or sys.exit("nvdisasm not found: set NVDISASM")
 
 
-def entry_sass(kdir, file, entry, fp8, mt):
+def entry_text(kdir, file, entry, fp8, mt, extra=None):
+    """The nvdisasm text of `entry`, compiled from kdir with the shipped
+    defines (HK 16) plus `extra`; label names as nvdisasm prints them."""
     m = load(kdir)
     d = m.mla_defines(16, fp8, mt, hoist=fp8)
     if file == "ps1.cu":
         d.update(LD_LINES=fp8, EARLY_Q=1)
+    d.update(extra or {})
     cubin, log, _ = m.Nvrtc().compile(file, d)
     if cubin is None:
         sys.exit(f"{kdir}/{file} {d}: compile failed\n{log}")
@@ -50,7 +53,11 @@ def entry_sass(kdir, file, entry, fp8, mt):
     secs = [s for s in re.split(r"\.section\s+\.text\.", sass) if s.startswith(entry)]
     if not secs:
         sys.exit(f"no .text.{entry} in {kdir}/{file}")
-    return re.sub(r"\.L_x_\d+", "L", secs[0])
+    return secs[0]
+
+
+def entry_sass(kdir, file, entry, fp8, mt):
+    return re.sub(r"\.L_x_\d+", "L", entry_text(kdir, file, entry, fp8, mt))
 
 
 def main():

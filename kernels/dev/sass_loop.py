@@ -20,31 +20,10 @@ import argparse
 import collections
 import os
 import re
-import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sass_diff  # noqa: E402
-
-
-def sass(kdir, file, entry, fp8, mt, extra):
-    m = sass_diff.load(kdir)
-    d = m.mla_defines(16, fp8, mt, hoist=fp8)
-    if file == "ps1.cu":
-        d.update(LD_LINES=fp8, EARLY_Q=1)
-    d.update(extra)
-    cubin, log, _ = m.Nvrtc().compile(file, d)
-    if cubin is None:
-        sys.exit(f"{kdir}/{file} {d}: compile failed\n{log}")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        out = subprocess.run([sass_diff.nvdisasm(), f.name], capture_output=True, text=True, check=True).stdout
-    secs = [s for s in re.split(r"\.section\s+\.text\.", out) if s.startswith(entry)]
-    if not secs:
-        sys.exit(f"no .text.{entry} in {kdir}/{file}")
-    return secs[0]
 
 
 def tile_loop(text):
@@ -89,7 +68,7 @@ def main():
     extra = dict(kv.split("=", 1) for kv in a.D)
     counts = []
     for d in a.dirs:
-        ops, s, e = tile_loop(sass(d, a.file, a.entry, 0 if a.bf16 else 1, a.mt, extra))
+        ops, s, e = tile_loop(sass_diff.entry_text(d, a.file, a.entry, 0 if a.bf16 else 1, a.mt, extra))
         c = collections.Counter(o.split(".")[0] for o in ops)
         counts.append(c)
         print(f"{d}: {len(ops)} instructions in the tile loop [{s:#x}, {e:#x}]")
