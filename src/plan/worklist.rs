@@ -692,31 +692,10 @@ mod tests {
             kv_start,
             kv_end,
         };
-        let lens = [64];
-        let ok = assemble(
-            "c",
-            &[piece(0, 0, 32), piece(1, 32, 64)],
-            &lens,
-            &[0, 1],
-            2,
-            16,
-            16,
-            0,
-            Ps1Schedule::Balanced,
-        );
+        let run = |pieces: &[Piece]| assemble("c", pieces, &[64], &[0, 1], 2, 16, 16, 0, Ps1Schedule::Balanced);
+        let ok = run(&[piece(0, 0, 32), piece(1, 32, 64)]);
         assert_eq!(ok.unwrap().work_indptr, vec![0, 1, 2]);
-        let e = assemble(
-            "c",
-            &[piece(1, 0, 32), piece(0, 32, 64)],
-            &lens,
-            &[0, 1],
-            2,
-            16,
-            16,
-            0,
-            Ps1Schedule::Balanced,
-        )
-        .unwrap_err();
+        let e = run(&[piece(1, 0, 32), piece(0, 32, 64)]).unwrap_err();
         assert!(e.what.contains("CTA order"), "{}", e.what);
     }
 

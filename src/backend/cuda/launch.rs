@@ -3,7 +3,7 @@
 
 use cudarc::driver::LaunchConfig;
 
-use super::{CudaBackend, DeviceBuffer};
+use super::{CudaBackend, DeviceBuffer, RegionSamples};
 use crate::backend::{BackendError, OutTensor, RunOutput, RunRequest, Samples, TimingOptions};
 use crate::case::{Dtype, MLA_D_QK, MLA_D_V, V4_D};
 use crate::metrics::POISON_BITS;
@@ -40,11 +40,11 @@ fn bf16_out(bits: &[u16]) -> Vec<f32> {
 
 /// A variant that is one kernel: its one timed region is both the kernel
 /// and the variant time.
-fn samples(kernel: Vec<f64>, variant: Vec<f64>, clock: &str) -> Samples {
+fn one_kernel(r: RegionSamples) -> Samples {
     Samples {
-        kernel_ms: kernel,
-        variant_ms: variant,
-        clock: clock.to_string(),
+        kernel_ms: r.ms.clone(),
+        variant_ms: r.ms,
+        clock: r.clock.to_string(),
     }
 }
 
@@ -294,8 +294,7 @@ impl CudaBackend {
         };
         launch()?;
         let timed = if timing.enabled {
-            let s = self.time_region(timing, || Ok(()), |_| launch())?;
-            Some(samples(s.ms.clone(), s.ms, s.clock))
+            Some(one_kernel(self.time_region(timing, || Ok(()), |_| launch())?))
         } else {
             None
         };
@@ -539,7 +538,7 @@ impl CudaBackend {
         let timed = if timing.enabled {
             let s = self.time_region(timing, || Ok(()), |_| launch(&mut counters, &mut o, &mut lse))?;
             at_rest(&self.dev, &counters)?;
-            Some(samples(s.ms.clone(), s.ms, s.clock))
+            Some(one_kernel(s))
         } else {
             None
         };
@@ -592,8 +591,7 @@ impl CudaBackend {
         };
         launch()?;
         let timed = if timing.enabled {
-            let t = self.time_region(timing, || Ok(()), |_| launch())?;
-            Some(samples(t.ms.clone(), t.ms, t.clock))
+            Some(one_kernel(self.time_region(timing, || Ok(()), |_| launch())?))
         } else {
             None
         };
