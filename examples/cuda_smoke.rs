@@ -200,6 +200,7 @@ mod smoke {
             min_time_ms: 5.0,
             cold_l2: false,
             graph: false,
+            handoff: Default::default(),
         };
         let mut med = [0.0; 3];
         let mut n = [0; 3];

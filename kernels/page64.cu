@@ -4,6 +4,7 @@
 // ABI: kernels/ABI.md. Defines: HK, KV_FP8, MT, WARPS, GROUPS, BN, STAGES, QSMEM, FP8_CVT.
 #include "common/merge.cuh"
 #include "common/mla_core.cuh"
+#include "common/pdl.cuh"
 
 using namespace mla;
 
@@ -17,6 +18,7 @@ extern "C" __global__ void __launch_bounds__(mla::THREADS, 1)
                float* __restrict__ lse, float* __restrict__ part_o, float* __restrict__ part_lse) {
   extern __shared__ __align__(128) unsigned char smem[];
   check_smem();
+  pdl_launch_dependents();
   const float scale_log2 = sm_scale * q_scale * kv_scale * LOG2E;
 #if KV_FP8
   const float out_scale = kv_scale * V_F16_SCALE;
@@ -51,13 +53,15 @@ extern "C" __global__ void __launch_bounds__(mla::THREADS, 1)
 }
 
 // Stage 2: row i merges its n_splits slots of part_o [rows, n_splits, HK, 512].
-// grid (rows, HK), block 128.
+// grid (rows, HK), block 128; may be launched as a programmatic dependent of
+// page64_fwd (common/pdl.cuh).
 extern "C" __global__ void __launch_bounds__(128)
     page64_merge(const float* __restrict__ part_o, const float* __restrict__ part_lse, int n_splits,
                  __nv_bfloat16* __restrict__ o, float* __restrict__ lse) {
   const long long i = blockIdx.x;
   const int h = blockIdx.y;
   const long long p0 = i * n_splits * HK + h;
+  pdl_wait_primary();
   merge_row_f32(part_o + p0 * D_V, static_cast<long long>(HK) * D_V, part_lse + p0, HK, n_splits, ninf(),
                 o + (i * HK + h) * D_V, lse + i * HK + h);
 }

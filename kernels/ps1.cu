@@ -3,6 +3,7 @@
 // ABI: kernels/ABI.md. Defines: HK, KV_FP8, MT, WARPS, GROUPS, BN, STAGES, QSMEM, FP8_CVT.
 #include "common/merge.cuh"
 #include "common/mla_core.cuh"
+#include "common/pdl.cuh"
 
 using namespace mla;
 
@@ -17,6 +18,7 @@ extern "C" __global__ void __launch_bounds__(mla::THREADS, 1)
             float* __restrict__ lse, float* __restrict__ part_o, float* __restrict__ part_lse) {
   extern __shared__ __align__(128) unsigned char smem[];
   check_smem();
+  pdl_launch_dependents();
   const float scale_log2 = sm_scale * q_scale * kv_scale * LOG2E;
 #if KV_FP8
   const float out_scale = kv_scale * V_F16_SCALE;
@@ -67,7 +69,8 @@ extern "C" __global__ void __launch_bounds__(mla::THREADS, 1)
 
 // Merges partial rows: reduce item m = (q_start, q_end, part_base, n_parts);
 // final row i merges part rows part_base + k*(q_end-q_start) + (i-q_start).
-// grid (n_items, HK), block 128.
+// grid (n_items, HK), block 128; may be launched as a programmatic dependent
+// of ps1_fwd (common/pdl.cuh): the item is read before the forward ends.
 extern "C" __global__ void __launch_bounds__(128)
     ps1_reduce(const float* __restrict__ part_o, const float* __restrict__ part_lse,
                const int* __restrict__ reduce_items, __nv_bfloat16* __restrict__ o, float* __restrict__ lse) {
@@ -75,6 +78,7 @@ extern "C" __global__ void __launch_bounds__(128)
   const int q_start = it[0], q_end = it[1], base = it[2], n = it[3];
   const int h = blockIdx.y;
   const long long nr = q_end - q_start;
+  pdl_wait_primary();
   for (int i = q_start; i < q_end; ++i) {
     const long long p0 = (base + (i - q_start)) * static_cast<long long>(HK) + h;
     merge_row_f32(part_o + p0 * D_V, nr * HK * D_V, part_lse + p0, nr * HK, n, ninf(),

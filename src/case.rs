@@ -47,6 +47,35 @@ impl fmt::Display for Ps1Schedule {
     }
 }
 
+/// How a two-kernel MLA variant's second kernel (ps1's reduce, page64's
+/// merge) follows its forward (kernels/common/pdl.cuh).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Handoff {
+    /// Programmatic dependent launch: the second kernel's blocks start
+    /// during the forward and wait for its results on the device.
+    #[default]
+    Pdl,
+    /// Plain stream order: the second kernel launches after the forward.
+    Stream,
+}
+
+impl Handoff {
+    /// Runs made before `--handoff` existed used stream order.
+    pub fn before_choice() -> Self {
+        Handoff::Stream
+    }
+}
+
+impl fmt::Display for Handoff {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Handoff::Pdl => "pdl",
+            Handoff::Stream => "stream",
+        })
+    }
+}
+
 /// Where a sequence's pages sit in the pool. Engines hand out pages from a
 /// free list, so `Shuffled` is the realistic case; `Contiguous` (page k of
 /// the whole batch is pool page k) isolates what the scattered gather costs.

@@ -3,7 +3,7 @@
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 
-use crate::case::Ps1Schedule;
+use crate::case::{Handoff, Ps1Schedule};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -219,6 +219,11 @@ pub struct Execution {
     /// Time CUDA-graph replays instead of individual launches.
     #[arg(long)]
     pub graph: bool,
+    /// How ps1's reduce and page64's merge follow their forward: pdl
+    /// (programmatic dependent launch: launched at the forward's start, they
+    /// wait for it on the device) or stream (launched after it).
+    #[arg(long, value_enum, default_value_t = Handoff::Pdl)]
+    pub handoff: Handoff,
     /// Untimed launches before the samples.
     #[arg(long, default_value_t = 3)]
     pub warmup: usize,

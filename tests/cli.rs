@@ -233,7 +233,7 @@ fn splits_rescores_the_committed_h200_timings_with_todays_heuristic() {
     let s = String::from_utf8_lossy(&o);
     // The claim in README.md and docs/perf-notes.md, from the measured table.
     assert!(
-        s.contains("heuristic regret: max 7.4%, mean 1.3% over 28 workloads"),
+        s.contains("heuristic regret: max 6.7%, mean 1.3% over 28 workloads"),
         "{s}"
     );
 }
@@ -458,6 +458,34 @@ fn payload_ps1_schedule_passes_and_a_resume_holds_to_it() {
         .assert()
         .code(2)
         .stderr(predicates::str::contains("--ps1-schedule payload"));
+}
+
+#[test]
+fn stream_handoff_is_recorded_repeated_and_held_by_a_resume() {
+    let out = tempfile::tempdir().unwrap();
+    let run = |extra: &[&str]| {
+        let mut c = smoke_on_cpu(&["--variant", "page64", "--no-timing", "--case", "b2"]);
+        c.args(extra).arg("--out").arg(out.path());
+        c
+    };
+    run(&["--handoff", "stream", "--run-id", "s"]).assert().code(0);
+    let rows = json_rows(out.path());
+    assert!(!rows.is_empty());
+    assert!(rows
+        .iter()
+        .all(|r| r["repro"].as_str().unwrap().contains("--handoff stream")));
+    let md = std::fs::read_to_string(out.path().join("s/summary.md")).unwrap();
+    assert!(md.contains("- merge hand-off: stream"), "{md}");
+    // the default (pdl) is another way of launching: a resume must not mix them
+    let dir = out.path().join("s");
+    run(&["--resume", dir.to_str().unwrap()])
+        .assert()
+        .code(2)
+        .stderr(predicates::str::contains("--handoff stream"));
+    run(&["--handoff", "sideways"])
+        .assert()
+        .code(2)
+        .stderr(predicates::str::contains("pdl"));
 }
 
 #[test]

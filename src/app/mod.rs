@@ -90,10 +90,14 @@ fn run_options(e: &crate::cli::Execution, backend: &dyn Backend, timed: bool, co
         min_time_ms: e.min_time_ms,
         cold_l2,
         graph: e.graph,
+        handoff: e.handoff,
     };
     let mut repro_flags = format!(" --backend {}", backend.info().backend);
     if let Some(n) = e.check_rows {
         repro_flags.push_str(&format!(" --check-rows {n}"));
+    }
+    if e.handoff != crate::case::Handoff::default() {
+        repro_flags.push_str(&format!(" --handoff {}", e.handoff));
     }
     RunOptions {
         check_rows: e.check_rows,
@@ -121,5 +125,6 @@ fn run_meta(e: &crate::cli::Execution, backend: &dyn Backend, scenarios: &[PathB
         resumed: vec![],
         kernels: crate::provenance::stamp_kernels(&e.kernels_dir),
         ps1_schedule: Default::default(),
+        handoff: e.handoff,
     }
 }

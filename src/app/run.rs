@@ -166,6 +166,10 @@ fn resume_dir(path: &Path, meta: RunMeta) -> Result<RunDir> {
         let show = |s: crate::case::Ps1Schedule| format!("--ps1-schedule {s}");
         return Err(differs("ps1 schedule", show(old.ps1_schedule), show(meta.ps1_schedule)).into());
     }
+    if old.handoff != meta.handoff {
+        let show = |h: crate::case::Handoff| format!("--handoff {h}");
+        return Err(differs("merge hand-off", show(old.handoff), show(meta.handoff)).into());
+    }
     // A run stamped before stamps existed has none: nothing to hold it to.
     if let (Some(was), Some(now)) = (&old.kernels, &meta.kernels) {
         if was.sha256 != now.sha256 {

@@ -41,7 +41,7 @@ pub struct DeviceInfo {
     pub details: Vec<(String, String)>,
 }
 
-/// How to time a run.
+/// How to launch and time a run.
 #[derive(Clone, Debug)]
 pub struct TimingOptions {
     pub enabled: bool,
@@ -52,6 +52,9 @@ pub struct TimingOptions {
     pub cold_l2: bool,
     /// Time replays of a captured CUDA graph.
     pub graph: bool,
+    /// How ps1's reduce and page64's merge follow their forward, in every
+    /// launch (checked and timed).
+    pub handoff: crate::case::Handoff,
 }
 
 impl Default for TimingOptions {
@@ -63,6 +66,7 @@ impl Default for TimingOptions {
             min_time_ms: 50.0,
             cold_l2: true,
             graph: false,
+            handoff: Default::default(),
         }
     }
 }

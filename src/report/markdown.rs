@@ -45,6 +45,7 @@ fn header(s: &mut String, meta: &RunMeta) {
         );
     }
     let _ = writeln!(s, "- ps1 schedule: {}", meta.ps1_schedule);
+    let _ = writeln!(s, "- merge hand-off: {}", handoff_words(meta.handoff));
     for c in &meta.resumed {
         let _ = writeln!(s, "- resumed by: {}", code(c));
     }
@@ -169,6 +170,14 @@ fn ceilings(s: &mut String, meta: &RunMeta) {
 }
 
 /// Table cell text: pipes escaped, line breaks flattened.
+/// The hand-off as a reader of a pull request needs it.
+fn handoff_words(h: crate::case::Handoff) -> &'static str {
+    match h {
+        crate::case::Handoff::Pdl => "pdl (programmatic dependent launch of the reduce/merge)",
+        crate::case::Handoff::Stream => "stream (the reduce/merge launches after the forward)",
+    }
+}
+
 fn cell(text: &str) -> String {
     text.replace('|', "\\|").replace(['\n', '\r'], " ")
 }

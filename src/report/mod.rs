@@ -48,6 +48,9 @@ pub struct RunMeta {
     /// How ps1 work lists were cut (`--ps1-schedule`).
     #[serde(default = "crate::case::Ps1Schedule::before_choice")]
     pub ps1_schedule: crate::case::Ps1Schedule,
+    /// How the second kernels followed their forwards (`--handoff`).
+    #[serde(default = "crate::case::Handoff::before_choice")]
+    pub handoff: crate::case::Handoff,
 }
 
 /// How many rows ended in each status.
@@ -296,6 +299,7 @@ pub(crate) mod testutil {
             resumed: vec![],
             kernels: None,
             ps1_schedule: Default::default(),
+            handoff: Default::default(),
         }
     }
 }
@@ -348,6 +352,15 @@ mod tests {
         assert_eq!(lse_error(&r), Some(9.0));
         r.checks.push(check("lse.r1", 0.0, f64::NAN, false));
         assert!(lse_error(&r).unwrap().is_nan());
+    }
+
+    #[test]
+    fn a_run_from_before_the_handoff_option_reads_as_stream_order() {
+        let mut json = serde_json::to_value(testutil::meta()).unwrap();
+        assert_eq!(json["handoff"], "pdl");
+        json.as_object_mut().unwrap().remove("handoff");
+        let old: RunMeta = serde_json::from_value(json).unwrap();
+        assert_eq!(old.handoff, crate::case::Handoff::Stream);
     }
 
     #[test]

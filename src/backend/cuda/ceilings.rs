@@ -240,6 +240,7 @@ pub fn launch_overhead(dev: &CudaDevice, probe: &Probe, timer: &Timer) -> Result
         min_time_ms: 0.0,
         cold_l2: false,
         graph: false,
+        handoff: Default::default(),
     };
     let aids = Aids {
         flush: None,

@@ -29,6 +29,14 @@ use crate::backend::BackendError;
 /// Device memory holding `len` elements of `T`.
 pub type DeviceBuffer<T> = CudaSlice<T>;
 
+/// A kernel argument by value, for [`CudaDevice::launch_raw`].
+#[derive(Clone, Copy, Debug)]
+pub enum RawArg {
+    /// A device address ([`CudaDevice::addr`]); 0 passes a null pointer.
+    Ptr(sys::CUdeviceptr),
+    I32(i32),
+}
+
 /// CUresult codes after which the context cannot be used again.
 const STICKY: &[(u32, &str)] = &[
     (214, "ECC_UNCORRECTABLE"),
@@ -262,8 +270,10 @@ impl CudaDevice {
                 dyn_smem_limit: AtomicU32::new(48 * 1024),
             });
         }
+        let pdl_waits = module.get_global("mlab_pdl_waits", &self.stream).is_ok();
         Ok(LoadedModule {
             spec: spec.clone(),
+            pdl_waits,
             _module: module,
             kernels,
         })
@@ -277,6 +287,111 @@ impl CudaDevice {
             kernel,
             args: self.stream.launch_builder(&kernel.func),
         }
+    }
+
+    /// The device address of a buffer, for [`RawArg::Ptr`].
+    pub fn addr<T>(&self, b: &DeviceBuffer<T>) -> sys::CUdeviceptr {
+        // Event tracking is off, so the returned guard records nothing.
+        b.device_ptr(&self.stream).0
+    }
+
+    /// Queues `kernel` through `cuLaunchKernelEx`. With `pdl` it is a
+    /// programmatic dependent of the kernel queued before it: its CTAs may
+    /// start once every CTA of that kernel has run
+    /// `griddepcontrol.launch_dependents`, and it waits for that kernel's
+    /// results itself (kernels/common/pdl.cuh).
+    ///
+    /// # Safety
+    /// As [`Launch::launch`]: `args` match the kernel's C signature, and the
+    /// kernel stays inside the buffers the pointers name.
+    pub unsafe fn launch_raw(
+        &self,
+        kernel: &Kernel,
+        cfg: LaunchConfig,
+        pdl: bool,
+        args: &[RawArg],
+    ) -> Result<(), BackendError> {
+        self.alive()?;
+        let what = || {
+            format!(
+                "launching {}{} grid {:?} block {:?} smem {}",
+                kernel.name,
+                if pdl { " (programmatic dependent)" } else { "" },
+                cfg.grid_dim,
+                cfg.block_dim,
+                cfg.shared_mem_bytes
+            )
+        };
+        self.ensure_smem(kernel, cfg.shared_mem_bytes)?;
+        self.check("binding the context", self.ctx.bind_to_thread())?;
+        // One 8-byte slot per argument; the driver reads each parameter's
+        // own size from the start of its slot (little-endian i32 included).
+        let mut slots: Vec<u64> = args
+            .iter()
+            .map(|a| match *a {
+                RawArg::Ptr(p) => p,
+                RawArg::I32(v) => v as u32 as u64,
+            })
+            .collect();
+        let mut params: Vec<*mut std::ffi::c_void> = slots.iter_mut().map(|v| v as *mut u64 as *mut _).collect();
+        let mut attr = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            value: sys::CUlaunchAttributeValue { pad: [0; 64] },
+        };
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let config = sys::CUlaunchConfig {
+            gridDimX: cfg.grid_dim.0,
+            gridDimY: cfg.grid_dim.1,
+            gridDimZ: cfg.grid_dim.2,
+            blockDimX: cfg.block_dim.0,
+            blockDimY: cfg.block_dim.1,
+            blockDimZ: cfg.block_dim.2,
+            sharedMemBytes: cfg.shared_mem_bytes,
+            hStream: self.stream.cu_stream(),
+            attrs: if pdl { &mut attr } else { std::ptr::null_mut() },
+            numAttrs: pdl as u32,
+        };
+        // SAFETY: config, attr, params and slots outlive the call, which copies
+        // the parameters; the caller vouches for their number and meaning.
+        let r = unsafe {
+            sys::cuLaunchKernelEx(
+                &config,
+                kernel.func.cu_function(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        self.check(&what(), r.result())
+    }
+
+    /// Raises a kernel's dynamic shared-memory limit to `bytes` when it is
+    /// lower (above 48 KiB needs an opt-in per function).
+    fn ensure_smem(&self, k: &Kernel, bytes: u32) -> Result<(), BackendError> {
+        if bytes <= k.dyn_smem_limit.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let static_smem = k
+            .func
+            .shared_size_bytes()
+            .map_err(|e| self.map_err("cuFuncGetAttribute", e))? as usize;
+        let max = self.props.max_smem_per_block_optin;
+        if bytes as usize + static_smem > max {
+            return Err(BackendError::Failed(format!(
+                "{} asks for {bytes} bytes of dynamic shared memory + {static_smem} static; the device allows {max} per block",
+                k.name
+            )));
+        }
+        self.check("binding the context", self.ctx.bind_to_thread())?;
+        self.check(
+            "raising MAX_DYNAMIC_SHARED_SIZE_BYTES",
+            k.func.set_attribute(
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes as i32,
+            ),
+        )?;
+        k.dyn_smem_limit.store(bytes, Ordering::Relaxed);
+        Ok(())
     }
 
     /// A timing event.
@@ -355,6 +470,8 @@ fn query_props(ctx: &Arc<CudaContext>, ordinal: usize) -> Result<DeviceProps, Dr
         mem_clock_mhz: a(Attr::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE)? as f64 / 1e3,
         mem_bus_bits: a(Attr::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH)? as u32,
         max_smem_per_block_optin: a(Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as usize,
+        max_smem_per_sm: a(Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)? as usize,
+        reserved_smem_per_block: a(Attr::CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK)? as usize,
         driver_version: (drv / 1000, (drv % 1000) / 10),
     })
 }
@@ -403,6 +520,9 @@ pub struct KernelResources {
 /// A module and its resolved entry points (kept alive together).
 pub struct LoadedModule {
     spec: KernelSpec,
+    /// The module defines `mlab_pdl_waits`: its merge kernels wait for their
+    /// forward, so they may be launched as programmatic dependents.
+    pdl_waits: bool,
     _module: Arc<CudaModule>,
     kernels: Vec<Kernel>,
 }
@@ -410,6 +530,9 @@ pub struct LoadedModule {
 impl LoadedModule {
     pub fn spec(&self) -> &KernelSpec {
         &self.spec
+    }
+    pub fn pdl_waits(&self) -> bool {
+        self.pdl_waits
     }
 
     pub fn kernel(&self, name: &str) -> Result<&Kernel, BackendError> {
@@ -454,37 +577,10 @@ impl<'a> Launch<'a> {
                 k.name, cfg.grid_dim, cfg.block_dim, cfg.shared_mem_bytes
             )
         };
-        if cfg.shared_mem_bytes > k.dyn_smem_limit.load(Ordering::Relaxed) {
-            self.raise_smem(cfg.shared_mem_bytes)?;
-        }
+        self.dev.ensure_smem(k, cfg.shared_mem_bytes)?;
         // SAFETY: forwarded from the caller's contract above.
         let r = unsafe { self.args.launch(cfg) };
         r.map(|_| ()).map_err(|e| self.dev.map_err(&what(), e))
-    }
-
-    fn raise_smem(&self, bytes: u32) -> Result<(), BackendError> {
-        let k = self.kernel;
-        let static_smem = k
-            .func
-            .shared_size_bytes()
-            .map_err(|e| self.dev.map_err("cuFuncGetAttribute", e))? as usize;
-        let max = self.dev.props.max_smem_per_block_optin;
-        if bytes as usize + static_smem > max {
-            return Err(BackendError::Failed(format!(
-                "{} asks for {bytes} bytes of dynamic shared memory + {static_smem} static; the device allows {max} per block",
-                k.name
-            )));
-        }
-        self.dev.check("binding the context", self.dev.ctx.bind_to_thread())?;
-        self.dev.check(
-            "raising MAX_DYNAMIC_SHARED_SIZE_BYTES",
-            k.func.set_attribute(
-                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                bytes as i32,
-            ),
-        )?;
-        k.dyn_smem_limit.store(bytes, Ordering::Relaxed);
-        Ok(())
     }
 }
 

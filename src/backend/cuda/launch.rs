@@ -3,9 +3,9 @@
 
 use cudarc::driver::LaunchConfig;
 
-use super::{CudaBackend, DeviceBuffer, RegionSamples};
+use super::{CudaBackend, DeviceBuffer, RawArg, RegionSamples};
 use crate::backend::{BackendError, OutTensor, RunOutput, RunRequest, Samples, TimingOptions};
-use crate::case::{Dtype, MLA_D_QK, MLA_D_V, V4_D};
+use crate::case::{Dtype, Handoff, MLA_D_QK, MLA_D_V, V4_D};
 use crate::metrics::POISON_BITS;
 use crate::plan::heads::PaddedHeads;
 use crate::plan::worklist::WorkList;
@@ -46,6 +46,16 @@ fn one_kernel(r: RegionSamples) -> Samples {
         variant_ms: r.ms,
         clock: r.clock.to_string(),
     }
+}
+
+/// Dynamic shared memory that lets at most `ceil(blocks / sms)` blocks of a
+/// programmatically dependent merge onto one SM. Launched at the forward's
+/// start, its blocks otherwise pile onto the few SMs the forward leaves idle
+/// (up to 16 of 128 threads each) and merge there, one SM doing the work of
+/// ten (branch s8-pdl, session 8: +12% at b8 c32768).
+pub fn merge_smem_cap(blocks: usize, sms: usize, smem_per_sm: usize, reserved: usize, max_block: usize) -> u32 {
+    let per_sm = blocks.div_ceil(sms.max(1)).clamp(1, 16);
+    (smem_per_sm / per_sm).saturating_sub(reserved).min(max_block) as u32
 }
 
 /// Device buffers of one MLA rank.
@@ -107,11 +117,42 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// Whether this run launches its second kernel as a programmatic
+    /// dependent: asked for, and the module's merge kernels wait for their
+    /// forward (`mlab_pdl_waits`, kernels/common/pdl.cuh). A kernels dir from
+    /// before has merges that would read partials too early: those run in
+    /// stream order, with a note.
+    fn pdl_ok(&mut self, asked: Handoff, m: &super::LoadedModule) -> bool {
+        if asked != Handoff::Pdl {
+            return false;
+        }
+        if !m.pdl_waits() {
+            self.notes.push(format!(
+                "{} has no mlab_pdl_waits (a kernels dir from before --handoff): its merge ran in stream order",
+                m.spec().label()
+            ));
+        }
+        m.pdl_waits()
+    }
+
+    /// Dynamic shared memory of a dependent merge of `blocks` blocks.
+    fn merge_smem(&self, blocks: usize) -> u32 {
+        let p = self.dev.props();
+        merge_smem_cap(
+            blocks,
+            p.sm_count,
+            p.max_smem_per_sm,
+            p.reserved_smem_per_block,
+            p.max_smem_per_block_optin,
+        )
+    }
+
     fn run_ps1(&mut self, w: &MlaWorkload, hk: usize, ranks: &[WorkList], timing: &TimingOptions) -> R<RunOutput> {
         let fp8 = w.p.dtype == Dtype::Fp8;
         let mt = kernels::mla_mt(hk, w.p.s_q);
         let m = self.module(&kernels::ps1(hk, fp8, mt))?;
         let (fwd, red) = (m.kernel("ps1_fwd")?, m.kernel("ps1_reduce")?);
+        let pdl = self.pdl_ok(timing.handoff, &m);
         let shape = kernels::mla_shape(fp8, mt);
         let block = 32 * shape.warps as u32;
         let smem = kernels::mla_smem(fp8, mt, shape);
@@ -133,6 +174,7 @@ impl CudaBackend {
             let rank = r as i32 + rs;
             let n_red = wl.reduce.len() as u32;
             let dev = &self.dev;
+            let red_smem = if pdl { self.merge_smem(n_red as usize * hk) } else { 0 };
             let fwd_launch = |b: &mut MlaRank| -> R<()> {
                 // SAFETY: argument list matches ps1_fwd in kernels/ABI.md; every buffer
                 // is sized from the workload and work list the kernel indexes.
@@ -163,17 +205,17 @@ impl CudaBackend {
                 if n_red == 0 {
                     return Ok(());
                 }
+                let args = [
+                    RawArg::Ptr(dev.addr(&part_o)),
+                    RawArg::Ptr(dev.addr(&part_lse)),
+                    RawArg::Ptr(dev.addr(&reduce_items)),
+                    RawArg::Ptr(dev.addr(&b.o)),
+                    RawArg::Ptr(dev.addr(&b.lse)),
+                ];
                 // SAFETY: matches ps1_reduce in kernels/ABI.md; reduce items index partial
-                // rows below num_partial_rows and final rows below total_q.
-                unsafe {
-                    dev.launch(red)
-                        .arg(&part_o)
-                        .arg(&part_lse)
-                        .arg(&reduce_items)
-                        .arg(&mut b.o)
-                        .arg(&mut b.lse)
-                        .launch(cfg((n_red, hk as u32, 1), 128, 0))
-                }
+                // rows below num_partial_rows and final rows below total_q; as a
+                // dependent launch it waits for ps1_fwd before reading partials.
+                unsafe { dev.launch_raw(red, cfg((n_red, hk as u32, 1), 128, red_smem), pdl, &args) }
             };
             fwd_launch(&mut b)?;
             red_launch(&mut b)?;
@@ -197,6 +239,7 @@ impl CudaBackend {
         let mt = kernels::mla_mt(hk, w.p.s_q);
         let m = self.module(&kernels::page64(hk, fp8, mt))?;
         let (fwd, mrg) = (m.kernel("page64_fwd")?, m.kernel("page64_merge")?);
+        let pdl = self.pdl_ok(timing.handoff, &m);
         let shape = kernels::mla_shape(fp8, mt);
         let block = 32 * shape.warps as u32;
         let smem = kernels::mla_smem(fp8, mt, shape);
@@ -211,6 +254,7 @@ impl CudaBackend {
             let part_lse = self.dev.alloc_zeros::<f32>(parts * hk)?;
             let ns_i = ns as i32;
             let dev = &self.dev;
+            let mrg_smem = if pdl { self.merge_smem(n * hk) } else { 0 };
             let grid = ((hk / 16) as u32, ns as u32, w.p.batch as u32);
             let fwd_launch = |b: &mut MlaRank| -> R<()> {
                 // SAFETY: matches page64_fwd in kernels/ABI.md; the pool, page table and
@@ -238,16 +282,16 @@ impl CudaBackend {
                 if ns == 1 {
                     return Ok(());
                 }
-                // SAFETY: matches page64_merge in kernels/ABI.md: [total_q, n, HK] partials.
-                unsafe {
-                    dev.launch(mrg)
-                        .arg(&part_o)
-                        .arg(&part_lse)
-                        .arg(&ns_i)
-                        .arg(&mut b.o)
-                        .arg(&mut b.lse)
-                        .launch(cfg((n as u32, hk as u32, 1), 128, 0))
-                }
+                let args = [
+                    RawArg::Ptr(dev.addr(&part_o)),
+                    RawArg::Ptr(dev.addr(&part_lse)),
+                    RawArg::I32(ns_i),
+                    RawArg::Ptr(dev.addr(&b.o)),
+                    RawArg::Ptr(dev.addr(&b.lse)),
+                ];
+                // SAFETY: matches page64_merge in kernels/ABI.md: [total_q, n, HK] partials;
+                // as a dependent launch it waits for page64_fwd before reading them.
+                unsafe { dev.launch_raw(mrg, cfg((n as u32, hk as u32, 1), 128, mrg_smem), pdl, &args) }
             };
             fwd_launch(&mut b)?;
             mrg_launch(&mut b)?;
@@ -642,5 +686,35 @@ impl CudaBackend {
                 "plan does not match the workload family".into(),
             )),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::merge_smem_cap;
+
+    const SM: usize = 233_472;
+    const RES: usize = 1024;
+    const MAX: usize = 232_448;
+
+    /// Blocks of a launch with `smem` dynamic bytes that fit on one SM by
+    /// shared memory alone.
+    fn fit(smem: u32) -> usize {
+        SM / (smem as usize + RES)
+    }
+
+    #[test]
+    fn merge_blocks_per_sm_follow_the_grid() {
+        // b8 c32768: 128 blocks, at most one per SM (all 128 in one wave)
+        let one = merge_smem_cap(128, 132, SM, RES, MAX);
+        assert_eq!(one as usize, MAX);
+        assert_eq!(fit(one), 1);
+        // b64 c4096: 64 reduce items x 16 heads = 1024 blocks, 8 per SM
+        let eight = merge_smem_cap(1024, 132, SM, RES, MAX);
+        assert_eq!(fit(eight), 8);
+        assert!(1024 <= 132 * fit(eight));
+        // past 16 per SM the thread limit (2048 / 128) decides anyway
+        assert_eq!(fit(merge_smem_cap(100_000, 132, SM, RES, MAX)), 16);
+        assert_eq!(fit(merge_smem_cap(0, 132, SM, RES, MAX)), 1);
     }
 }

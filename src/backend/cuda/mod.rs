@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 pub use compile::{check_all, default_arch, CheckResults, Compiled, Compiler};
 pub use cudarc::driver::LaunchConfig;
-pub use device::{CudaDevice, DeviceBuffer, Graph, Kernel, KernelResources, Launch, LoadedModule};
+pub use device::{CudaDevice, DeviceBuffer, Graph, Kernel, KernelResources, Launch, LoadedModule, RawArg};
 pub use error::{CompileError, EnvError};
 pub use report::{Ceilings, DeviceProps, DeviceReport, LaunchOverhead};
 pub use spec::KernelSpec;

@@ -18,6 +18,10 @@ pub struct DeviceProps {
     pub mem_bus_bits: u32,
     /// Largest dynamic + static shared memory one block may opt into.
     pub max_smem_per_block_optin: usize,
+    /// Shared memory of one SM, and what the system keeps of it per block:
+    /// they decide how many blocks of a given size fit on an SM.
+    pub max_smem_per_sm: usize,
+    pub reserved_smem_per_block: usize,
     /// `(13, 0)` for a driver that supports CUDA 13.0.
     pub driver_version: (i32, i32),
 }
@@ -194,6 +198,8 @@ mod tests {
                 mem_clock_mhz: 3201.0,
                 mem_bus_bits: 6144,
                 max_smem_per_block_optin: 232448,
+                max_smem_per_sm: 233472,
+                reserved_smem_per_block: 1024,
                 driver_version: (13, 0),
             },
             nvrtc_version: (13, 0),
