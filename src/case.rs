@@ -232,8 +232,14 @@ impl Default for V4Knobs {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Case {
-    /// Stable id of the workload; the same id and seed give the same bytes.
+    /// Stable id: the readable shape, then `@` and a digest of every other
+    /// setting that changes the bytes, the reference or the verdict (seed,
+    /// sm_scale, target, pool, tolerances, ...), so two different cases never
+    /// share an id. See [`compose_id`].
     pub id: String,
+    /// Id of the data the case computes on (page size and run knobs left
+    /// out, digest kept): cases that share it share inputs and references.
+    pub data_id: String,
     pub variant: VariantId,
     pub params: CaseParams,
     /// Workload seed, derived from the scenario seed and the id.
@@ -251,6 +257,11 @@ pub struct Case {
 }
 
 impl Case {
+    /// The `--case` filter that selects exactly this case's rows.
+    pub fn exact_filter(&self) -> String {
+        format!("={}", self.id)
+    }
+
     /// `id/variant`, the key of a report row.
     pub fn key(&self) -> String {
         format!("{}/{}", self.id, self.variant)
@@ -268,6 +279,25 @@ impl Case {
             CaseParams::V4(p) => Some(p),
             CaseParams::Mla(_) => None,
         }
+    }
+}
+
+/// A case id from its data id (`shape@digest`) and the knobs that make it
+/// another case on the same data (`-p64`, `-n4`, `-eager`): the knobs go
+/// before the digest, so every id reads `shape-knobs@digest`.
+pub fn compose_id(data_id: &str, knobs: &str) -> String {
+    match data_id.split_once('@') {
+        Some((shape, digest)) => format!("{shape}{knobs}@{digest}"),
+        None => format!("{data_id}{knobs}"),
+    }
+}
+
+/// Whether a `--case` filter selects an id: `=ID` matches exactly (what
+/// repro commands use), anything else as a substring.
+pub fn filter_matches(filter: &str, id: &str) -> bool {
+    match filter.strip_prefix('=') {
+        Some(exact) => id == exact,
+        None => id.contains(filter),
     }
 }
 

@@ -19,7 +19,7 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Run scenarios: check every case against the reference and time it.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// List the variants, their contracts, and the shipped scenarios.
     List(ListArgs),
     /// Show per case: shards, local lengths, padded heads, gate decisions, split plans, work lists.
@@ -35,6 +35,39 @@ pub enum Command {
     /// A/B two kernel builds from runs alternated in one session: medians over
     /// the rounds, judged against each side's own drift; exit 1 on a regression.
     Ab(AbArgs),
+    /// Test the harness's own checks: plant each bug of selftest/bugs.toml
+    /// alone and show which rows catch it; exit 1 if any escapes.
+    Selftest(SelftestArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct SelftestArgs {
+    /// cuda: patch a copy of the kernels and run them on the GPU; cpu: plant
+    /// the same mistakes in the CPU emulation; auto: cuda when a GPU is there.
+    #[arg(long, value_enum, default_value_t = BackendChoice::Auto)]
+    pub backend: BackendChoice,
+    /// The catalog of planted bugs.
+    #[arg(long, default_value = "selftest/bugs.toml")]
+    pub bugs: PathBuf,
+    /// Only this bug (repeatable).
+    #[arg(long = "bug", value_name = "NAME")]
+    pub only: Vec<String>,
+    /// Rows that must catch a bug for it to count as caught.
+    #[arg(long, default_value_t = 2, value_name = "N")]
+    pub min_rows: usize,
+    /// Root for the selftest's runs and table (selftest.md, selftest.json).
+    #[arg(long, default_value = "results")]
+    pub out: PathBuf,
+    /// The kernels the bugs are planted into.
+    #[arg(long, default_value = "kernels")]
+    pub kernels_dir: PathBuf,
+    /// Apply every patch and compile the kernels each bug's runs launch with
+    /// NVRTC, and stop (no GPU needed).
+    #[arg(long)]
+    pub compile_only: bool,
+    /// NVRTC target for --compile-only [default: sm_90a].
+    #[arg(long)]
+    pub arch: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -85,6 +118,13 @@ pub struct RunArgs {
     /// on a regression; the comparison is also written to the run's compare.md.
     #[arg(long, value_name = "RUN")]
     pub baseline: Option<PathBuf>,
+    /// Also write the rows as JUnit XML (one test case per case and variant).
+    #[arg(long, value_name = "FILE")]
+    pub junit: Option<PathBuf>,
+    /// A bug planted in the CPU emulation (`mlabench selftest --backend cpu`
+    /// uses it); needs --backend cpu.
+    #[arg(long, value_name = "FAULT", hide = true)]
+    pub cpu_fault: Option<String>,
     #[command(flatten)]
     pub regression: RegressionGate,
 }
@@ -126,6 +166,10 @@ pub struct RegressionGate {
     /// baseline's p10..p90.
     #[arg(long, default_value_t = 5.0, value_name = "PCT")]
     pub threshold: f64,
+    /// Judge a candidate run that was cut short (its missing rows are listed
+    /// as missing); without it an incomplete candidate is refused.
+    #[arg(long)]
+    pub allow_incomplete: bool,
     #[command(flatten)]
     pub view: CompareView,
 }
@@ -233,6 +277,15 @@ pub struct Execution {
     /// Keep sampling until this much time was measured.
     #[arg(long, default_value_t = 50.0, value_name = "MS")]
     pub min_time_ms: f64,
+    /// Checked launches per case; every one is checked, and a variant that is
+    /// deterministic must give the same bits each time (a race shows up even
+    /// when it stays within tolerance) [default: 2 on a GPU, 1 on the CPU].
+    #[arg(long, value_name = "N")]
+    pub repeat_checks: Option<usize>,
+    /// Host memory one case may use (e.g. 16G, 512M); cases that need more are
+    /// skipped, saying what would fit [default: the memory the machine has free].
+    #[arg(long, value_name = "BYTES")]
+    pub max_memory: Option<String>,
     /// Where the CUDA kernel sources live.
     #[arg(long, default_value = "kernels")]
     pub kernels_dir: PathBuf,

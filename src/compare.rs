@@ -46,6 +46,9 @@ pub enum Verdict {
     Same,
     /// Timed with a different clock (backend or graph mode): not comparable.
     OtherClock,
+    /// Timed by the CPU backend: one wall-clock sample of the host
+    /// emulation, which says nothing about a kernel's speed; not judged.
+    HostClock,
     /// One side has no timing (e.g. `--no-timing`, skipped).
     Untimed,
     /// Only in the candidate.
@@ -72,6 +75,9 @@ pub struct Delta {
     pub ratio: Option<f64>,
     pub verdict: Verdict,
 }
+
+/// The CPU backend's clock.
+pub const HOST_CLOCK: &str = "cpu-wall";
 
 /// Judges the candidate against the baseline. `threshold` is a fraction
 /// (0.05 = 5%). A speed change counts only when it exceeds the threshold
@@ -130,6 +136,9 @@ fn judge(b: &Entry, c: &Entry, threshold: f64) -> (Verdict, Option<f64>) {
     };
     if b.clock != c.clock {
         return (Verdict::OtherClock, None);
+    }
+    if c.clock == HOST_CLOCK {
+        return (Verdict::HostClock, None);
     }
     if !(tb.median > 0.0 && tc.median.is_finite()) {
         return (Verdict::Untimed, None);
@@ -239,6 +248,12 @@ mod tests {
         assert_eq!(v["new"], Verdict::New);
         assert_eq!(v["u"], Verdict::Untimed);
         assert_eq!(v["g"], Verdict::OtherClock);
+        // Two CPU runs are never judged for speed, however far apart.
+        let mut slow = e("h", "pass", Some((9.0, 9.0, 9.0)));
+        slow.clock = HOST_CLOCK.into();
+        let mut fast = e("h", "pass", Some((1.0, 1.0, 1.0)));
+        fast.clock = HOST_CLOCK.into();
+        assert_eq!(compare(&[fast], &[slow], 0.05)[0].verdict, Verdict::HostClock);
         assert!(Verdict::Broke.is_regression() && !Verdict::Fixed.is_regression());
         let t = tally(&d);
         assert_eq!(t[0], (Verdict::Broke, 1));

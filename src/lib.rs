@@ -6,6 +6,7 @@
 pub mod ab;
 pub mod app;
 pub mod backend;
+pub mod budget;
 pub mod case;
 pub mod cli;
 pub mod compare;
@@ -18,6 +19,7 @@ pub mod report;
 pub mod result;
 pub mod runner;
 pub mod scenario;
+pub mod selftest;
 pub mod serde_float;
 pub mod splits;
 pub mod stats;

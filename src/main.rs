@@ -16,6 +16,7 @@ fn run() -> anyhow::Result<u8> {
         Command::Splits(a) => app::splits(a),
         Command::Compare(a) => app::compare(a),
         Command::Ab(a) => app::ab(a),
+        Command::Selftest(a) => app::selftest(a),
     }
 }
 

@@ -149,6 +149,39 @@ pub fn compare(out: &[f32], reference: &[f64], tol: &Tolerances, poison: Option<
     m
 }
 
+/// Where two launches' outputs differ bit for bit.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BitDiff {
+    pub first: usize,
+    pub count: usize,
+    /// The values at `first`: first launch, then the other.
+    pub a: f32,
+    pub b: f32,
+}
+
+/// The elements of `b` whose bits differ from `a` (same length); `None`
+/// when every bit matches. Bits, not values: `-0.0` against `0.0` or two
+/// NaN payloads differ, as they would between two runs of a race.
+pub fn bit_difference(a: &[f32], b: &[f32]) -> Option<BitDiff> {
+    let mut d: Option<BitDiff> = None;
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        if x.to_bits() != y.to_bits() {
+            match &mut d {
+                Some(d) => d.count += 1,
+                None => {
+                    d = Some(BitDiff {
+                        first: i,
+                        count: 1,
+                        a: *x,
+                        b: *y,
+                    })
+                }
+            }
+        }
+    }
+    d
+}
+
 /// The worst element of `m`, for error messages.
 fn worst_element(m: &ErrorMetrics) -> String {
     format!(
@@ -385,6 +418,21 @@ mod tests {
         let m = compare(&[0.5, -1e30, 3.0], &r, &T, None);
         assert_eq!(m.nonfinite_mismatch, 1);
         assert!(judge_lse(&m, &T).is_err());
+    }
+
+    #[test]
+    fn bit_difference_counts_bits_not_values() {
+        assert_eq!(bit_difference(&[1.0, 2.0], &[1.0, 2.0]), None);
+        let d = bit_difference(&[1.0, 0.0, 3.0, 4.0], &[1.0, -0.0, 3.0, 4.5]).unwrap();
+        assert_eq!((d.first, d.count, d.a, d.b), (1, 2, 0.0, -0.0));
+        let quiet = f32::from_bits(0x7FC0_0000);
+        let other = f32::from_bits(0x7FC0_0001);
+        assert_eq!(
+            bit_difference(&[quiet], &[quiet]),
+            None,
+            "the same NaN twice is the same"
+        );
+        assert_eq!(bit_difference(&[quiet], &[other]).unwrap().count, 1);
     }
 
     #[test]

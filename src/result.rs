@@ -44,6 +44,26 @@ pub struct Latency {
     pub summary: Summary,
 }
 
+impl Check {
+    /// The metric or fact this check failed on, from its reason (which
+    /// starts with it): `cos_diff`, `lse_max_abs`, `nondeterministic`, ...
+    pub fn tripped(&self) -> &'static str {
+        const KINDS: [(&str, &str); 7] = [
+            ("nondeterministic", "nondeterministic"),
+            ("counters non-zero", "counters"),
+            ("in finiteness", "nonfinite"),
+            ("elements never written", "unwritten"),
+            ("lse max_abs", "lse_max_abs"),
+            ("cos_diff", "cos_diff"),
+            ("mismatch", "mismatch"),
+        ];
+        KINDS
+            .iter()
+            .find(|(k, _)| self.why.contains(k))
+            .map_or("check", |(_, name)| name)
+    }
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Row {
     pub case_id: String,

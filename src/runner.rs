@@ -12,7 +12,6 @@ use crate::case::{Case, CaseParams, Dtype, MLA_D_V, V4_D};
 use crate::metrics::{self, Tolerances};
 use crate::reference::{self, Inputs, RefOut};
 use crate::result::{Check, Latency, Row, Status};
-use crate::scenario::data_id;
 use crate::stats::Summary;
 use crate::variants::{self, CombineInputs, Decision, SplitMergeInputs, VariantId, VariantPlan};
 use crate::workload::{self, codec, Workload};
@@ -23,6 +22,8 @@ pub struct RunOptions {
     pub check_rows: Option<usize>,
     pub timing: TimingOptions,
     pub dump: Option<PathBuf>,
+    /// Checked launches per case (>= 1), compared bit for bit.
+    pub repeat_checks: usize,
     /// Flags to repeat in each row's repro command (backend, check rows).
     pub repro_flags: String,
 }
@@ -99,7 +100,7 @@ fn build_refs(case: &Case, wl: &Workload, check_rows: Option<usize>) -> Result<R
         + unq.as_ref().map(|u| u.flops).unwrap_or(0.0)
         + steps.iter().map(|r| r.flops).sum::<f64>();
     Ok(RefSet {
-        data_id: data_id(case),
+        data_id: case.data_id.clone(),
         rows,
         ranks,
         full,
@@ -113,7 +114,7 @@ fn build_refs(case: &Case, wl: &Workload, check_rows: Option<usize>) -> Result<R
 impl Caches {
     /// The case's workload and references, built once per id / data id.
     pub fn get(&mut self, case: &Case, check_rows: Option<usize>) -> Result<(&Workload, &RefSet)> {
-        let same_data = self.refs.as_ref().map(|r| r.data_id == data_id(case)).unwrap_or(false);
+        let same_data = self.refs.as_ref().map(|r| r.data_id == case.data_id).unwrap_or(false);
         match (&mut self.workload, &case.params) {
             (Some((id, _)), _) if *id == case.id => {}
             // Same data at another page size: re-page, keep Q, KV and references.
@@ -129,7 +130,7 @@ impl Caches {
             }
         }
         let wl = &self.workload.as_ref().expect("just built").1;
-        if self.refs.as_ref().map(|r| r.data_id != data_id(case)).unwrap_or(true) {
+        if self.refs.as_ref().map(|r| r.data_id != case.data_id).unwrap_or(true) {
             let r = build_refs(case, wl, check_rows)?;
             self.ref_flops += r.flops;
             self.ref_secs += r.secs;
@@ -143,23 +144,47 @@ fn f32_to_bf16_bits(x: f64) -> u16 {
     codec::bf16_bits(x as f32)
 }
 
-/// The DCP combine's inputs: per-rank reference outputs as a kernel hands them over (bf16 o, f32 lse).
+/// What a kernel may leave in a part that saw no token, so a merge must not
+/// trust it: SPEC §1 maps NaN and +inf LSEs to -inf and gives an empty part
+/// weight 0 "even when o_r is NaN". Every empty (part, row, head) of the
+/// merge inputs therefore gets a NaN o and an LSE that cycles through -inf,
+/// +inf and NaN; a merge without the rule turns them into NaN outputs.
+/// Returns how many were poisoned.
+pub fn poison_empty_parts<T: Copy>(o: &mut [T], lse: &mut [f32], d: usize, nan: T) -> usize {
+    const EMPTY: [f32; 3] = [f32::NEG_INFINITY, f32::INFINITY, f32::NAN];
+    let mut n = 0;
+    for (i, l) in lse.iter_mut().enumerate() {
+        if *l == f32::NEG_INFINITY {
+            *l = EMPTY[n % EMPTY.len()];
+            o[i * d..(i + 1) * d].fill(nan);
+            n += 1;
+        }
+    }
+    n
+}
+
+/// The DCP combine's inputs: per-rank reference outputs as a kernel hands
+/// them over (bf16 o, f32 lse), empty ranks poisoned.
 fn combine_inputs(wl: &Workload, refs: &RefSet) -> CombineInputs {
     let w = wl.mla().expect("MLA workload");
+    let mut o: Vec<u16> = refs
+        .ranks
+        .iter()
+        .flat_map(|r| r.o.iter().map(|&x| f32_to_bf16_bits(x)))
+        .collect();
+    let mut lse: Vec<f32> = refs
+        .ranks
+        .iter()
+        .flat_map(|r| r.lse.iter().map(|&x| x as f32))
+        .collect();
+    let poisoned = poison_empty_parts(&mut o, &mut lse, MLA_D_V, codec::BF16_NAN);
     CombineInputs {
         world: w.p.dcp_world,
         heads: w.heads(),
         rows: refs.rows.clone(),
-        o: refs
-            .ranks
-            .iter()
-            .flat_map(|r| r.o.iter().map(|&x| f32_to_bf16_bits(x)))
-            .collect(),
-        lse: refs
-            .ranks
-            .iter()
-            .flat_map(|r| r.lse.iter().map(|&x| x as f32))
-            .collect(),
+        o,
+        lse,
+        poisoned,
     }
 }
 
@@ -185,6 +210,7 @@ fn split_merge_inputs(case: &Case, wl: &Workload, refs: &RefSet) -> SplitMergeIn
             }
         }
     }
+    let poisoned = poison_empty_parts(&mut o, &mut lse, V4_D, f32::NAN);
     SplitMergeInputs {
         n,
         heads: h,
@@ -192,6 +218,7 @@ fn split_merge_inputs(case: &Case, wl: &Workload, refs: &RefSet) -> SplitMergeIn
         o,
         lse,
         sink: w.sink[..h].to_vec(),
+        poisoned,
     }
 }
 
@@ -297,20 +324,21 @@ fn pad_rows_check(
     }
 }
 
-fn find<'a>(out: &'a RunOutput, name: &str) -> Result<&'a OutTensor, String> {
-    out.tensors
-        .iter()
+fn find<'a>(out: &'a [OutTensor], name: &str) -> Result<&'a OutTensor, String> {
+    out.iter()
         .find(|t| t.name == name)
         .ok_or_else(|| format!("backend returned no `{name}` tensor"))
 }
 
-/// Compares a run's outputs with the references.
+/// Compares a run's outputs with the references; `replays` adds the V4
+/// replay steps and pad rows (absent from a repeated launch's outputs).
 fn checks(
     case: &Case,
     wl: &Workload,
     refs: &RefSet,
     plan: &VariantPlan,
-    out: &RunOutput,
+    out: &[OutTensor],
+    replays: bool,
 ) -> Result<Vec<Check>, String> {
     let tol = &case.tol;
     let rows = &refs.rows;
@@ -384,7 +412,7 @@ fn checks(
             let ro = ref_heads(&refs.full.o, rows.len(), refs.full.heads, h, V4_D);
             let rl = ref_heads(&refs.full.lse, rows.len(), refs.full.heads, h, 1);
             cs.extend(check_pair("", &o, &ro, &l, &rl, V4_D, tol));
-            if case.variant != VariantId::SplitMerge {
+            if case.variant != VariantId::SplitMerge && replays {
                 for (k, r) in refs.steps.iter().enumerate() {
                     let name = format!("step{}", k + 1);
                     let o = pick(find(out, &format!("o.{name}"))?, rows, false);
@@ -399,7 +427,7 @@ fn checks(
         (_, v) => return Err(format!("no checks defined for {v} on this family")),
     }
     // Informative: how far fp8 quantization alone moves the answer.
-    if let (Some(unq), true) = (&refs.unquantized, case.variant != VariantId::DcpCombine) {
+    if let (Some(unq), true) = (&refs.unquantized, case.variant != VariantId::DcpCombine && replays) {
         let (h, d, hr) = match wl {
             Workload::Mla(w) => (w.heads(), MLA_D_V, refs.full.heads),
             Workload::V4(w) => (w.p.heads, V4_D, refs.full.heads),
@@ -419,6 +447,96 @@ fn checks(
         });
     }
     Ok(cs)
+}
+
+/// The further checked launches of a run. A deterministic variant must give
+/// the first launch's bits again, element for element: a race shows even
+/// when both launches are within tolerance. A variant whose registry entry
+/// says it is not deterministic has each launch checked against the
+/// reference instead.
+fn repeat_checks(
+    case: &Case,
+    wl: &Workload,
+    refs: &RefSet,
+    plan: &VariantPlan,
+    first: &[OutTensor],
+    repeats: &[Vec<OutTensor>],
+) -> Result<Vec<Check>, String> {
+    let mut cs = Vec::new();
+    for (k, rep) in repeats.iter().enumerate() {
+        let launch = k + 2;
+        if case.variant.info().nondeterministic.is_some() {
+            for mut c in checks(case, wl, refs, plan, rep, false)? {
+                c.tensor = format!("{}.launch{launch}", c.tensor);
+                cs.push(c);
+            }
+            continue;
+        }
+        let mut compared = 0usize;
+        let mut diff: Option<(String, usize, metrics::BitDiff)> = None;
+        // A repeat holds the first launch's main outputs (no replay steps).
+        for r in rep {
+            let t = find(first, &r.name)?;
+            if r.data.len() != t.data.len() {
+                return Err(format!(
+                    "launch {launch} returned {} values of `{}`, launch 1 {}",
+                    r.data.len(),
+                    t.name,
+                    t.data.len()
+                ));
+            }
+            compared += t.data.len();
+            if diff.is_none() {
+                diff = metrics::bit_difference(&t.data, &r.data).map(|d| (t.name.clone(), t.data.len(), d));
+            }
+        }
+        let m = match &diff {
+            Some((_, _, d)) => metrics::ErrorMetrics {
+                n: compared,
+                worst_index: d.first,
+                worst_out: d.b as f64,
+                worst_ref: d.a as f64,
+                mismatch: d.count as f64 / compared.max(1) as f64,
+                ..Default::default()
+            },
+            None => metrics::ErrorMetrics {
+                n: compared,
+                ..Default::default()
+            },
+        };
+        cs.push(Check {
+            tensor: format!("repeat.launch{launch}"),
+            level: "kernel".into(),
+            pass: diff.is_none(),
+            why: diff
+                .map(|(name, len, d)| {
+                    format!(
+                        "nondeterministic: launch {launch} differs from launch 1 in {} of {len} elements of `{name}`; first at [{}]: {} vs {} (same inputs and plan, so a race or a read of unwritten memory)",
+                        d.count,
+                        d.first,
+                        d.b,
+                        d.a
+                    )
+                })
+                .unwrap_or_default(),
+            metrics: m,
+        });
+    }
+    Ok(cs)
+}
+
+/// Facts the device reported (hca_persist's counters) as checks.
+fn device_checks(out: &RunOutput) -> Vec<Check> {
+    out.device_checks
+        .iter()
+        .map(|d| Check {
+            tensor: d.name.clone(),
+            level: "kernel".into(),
+            pass: d.pass,
+            why: d.why.clone(),
+            metrics: metrics::ErrorMetrics::default(),
+        })
+        .collect()
 }
 
 fn params_map(case: &Case) -> BTreeMap<String, String> {
@@ -471,7 +589,7 @@ fn repro(case: &Case, opts: &RunOptions) -> String {
     format!(
         "mlabench run {} --case {} --variant {}{}",
         case.scenario.display(),
-        case.id,
+        case.exact_filter(),
         case.variant,
         opts.repro_flags
     )
@@ -587,6 +705,7 @@ pub fn run_case(case: &Case, caches: &mut Caches, backend: &mut dyn Backend, opt
         plan: &plan,
         timing: &opts.timing,
         rows: &refs.rows,
+        repeats: opts.repeat_checks,
     };
     let ran = catch_unwind(AssertUnwindSafe(|| backend.run(&req)));
     let out = match ran {
@@ -620,7 +739,12 @@ pub fn run_case(case: &Case, caches: &mut Caches, backend: &mut dyn Backend, opt
             };
         }
     };
-    match checks(case, wl, refs, &plan, &out) {
+    let judged = checks(case, wl, refs, &plan, &out.tensors, true).and_then(|mut cs| {
+        cs.extend(repeat_checks(case, wl, refs, &plan, &out.tensors, &out.repeats)?);
+        cs.extend(device_checks(&out));
+        Ok(cs)
+    });
+    match judged {
         Ok(cs) => row.checks = cs,
         Err(e) => {
             row.status = Status::Error;
@@ -679,9 +803,12 @@ fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
         .unwrap_or_else(|| "unknown panic".into())
 }
 
-/// The row of a case that was not run (e.g. after the device was lost).
-pub fn run_case_skipped(case: &Case, backend: &str, opts: &RunOptions) -> Row {
-    base_row(case, backend, opts)
+/// The row of a case skipped before it ran (it does not fit the machine).
+pub fn skipped_row(case: &Case, backend: &str, opts: &RunOptions, why: &str) -> Row {
+    let mut row = base_row(case, backend, opts);
+    row.status = Status::Skip;
+    row.reason = why.to_string();
+    row
 }
 
 /// `--dump`: one .safetensors per (case, variant) with inputs, outputs and

@@ -11,6 +11,16 @@ use crate::report;
 pub fn compare(args: &crate::cli::CompareArgs) -> Result<u8> {
     let base = read_entries(&args.baseline, &args.regression.view.region)?;
     let cand = read_entries(&args.candidate, &args.regression.view.region)?;
+    let planned = read_meta(&args.candidate).and_then(|m| m.planned);
+    let done = crate::report::Completeness::of(planned, cand.len());
+    if done.is_incomplete() && !args.regression.allow_incomplete {
+        return Err(InputError::Usage(format!(
+            "{} is {done}: its missing rows never ran, so it cannot be judged; finish it with `mlabench run ... --resume {}`, or pass --allow-incomplete to judge the rows it has",
+            args.candidate.display(),
+            args.candidate.display()
+        ))
+        .into());
+    }
     let kernels = crate::provenance::compare_line(
         read_stamp(&args.baseline).as_ref(),
         read_stamp(&args.candidate).as_ref(),
@@ -32,6 +42,8 @@ pub(super) struct RunMetaView {
     pub kernels: Option<crate::provenance::KernelsStamp>,
     #[serde(default)]
     pub command: Option<String>,
+    #[serde(default)]
+    pub planned: Option<usize>,
 }
 
 pub(super) fn read_meta(path: &Path) -> Option<RunMetaView> {

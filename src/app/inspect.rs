@@ -7,7 +7,7 @@ use crate::backend;
 use crate::case::{Case, CaseParams, PoolOrder};
 use crate::cli::{KernelsArgs, ListArgs, PlanArgs};
 use crate::error::{exit, InputError};
-use crate::scenario::{self, data_id};
+use crate::scenario;
 use crate::variants::{self, VariantId, VariantPlan, REGISTRY};
 use crate::workload::dcp;
 
@@ -23,6 +23,9 @@ pub fn list(args: &ListArgs) -> Result<u8> {
             v.kernel_file,
             v.contract
         );
+        if let Some(why) = v.nondeterministic {
+            println!("  {:<12} not bit-deterministic: {why}", "");
+        }
     }
     println!("\nScenarios in {}:", args.scenarios_dir.display());
     let mut files: Vec<PathBuf> = std::fs::read_dir(&args.scenarios_dir)
@@ -59,31 +62,49 @@ pub fn plan(args: &PlanArgs) -> Result<u8> {
     }
     let mut last_data = String::new();
     for case in &cases {
-        let did = data_id(case);
-        if did != last_data {
-            println!("\n== {did}");
+        if case.data_id != last_data {
+            println!("\n== {}", case.data_id);
             describe_data(case);
-            last_data = did;
+            last_data = case.data_id.clone();
         }
         let d = variants::decide(case);
-        print!(
-            "  {:<12} {:<26}",
-            case.variant.to_string(),
-            case.id.trim_start_matches(&last_data)
-        );
+        // The id's knobs (`-p64`, `-n4`): what tells this case from its data.
+        let shape = last_data.split('@').next().unwrap_or(&last_data);
+        let knobs = case
+            .id
+            .strip_prefix(shape)
+            .and_then(|k| k.split('@').next())
+            .unwrap_or(&case.id);
+        print!("  {:<12} {:<26}", case.variant.to_string(), knobs);
         if let Some(why) = &d.skip {
             println!(" skip: {why}");
             continue;
         }
         println!(" gate: {}{}", d.gate, if d.forced { " [forced]" } else { "" });
-        match case.variant {
-            VariantId::DcpCombine => println!("      merges the W per-rank (o, lse) with the LSE combine"),
-            VariantId::SplitMerge => println!("      merges split partials with the sink (n from the v4_split plan)"),
+        let plan = match case.variant {
+            VariantId::DcpCombine => {
+                println!("      merges the W per-rank (o, lse) with the LSE combine; empty ranks get NaN o and a -inf/+inf/NaN lse");
+                None
+            }
+            VariantId::SplitMerge => {
+                println!("      merges split partials with the sink (n from the v4_split plan); empty splits get NaN o and a -inf/+inf/NaN lse");
+                None
+            }
             _ => match variants::plan(case, &d) {
-                Ok(p) => describe_plan(&p, args.items),
-                Err(e) => println!("      PLAN ERROR: {e}"),
+                Ok(p) => {
+                    describe_plan(&p, args.items);
+                    Some(p)
+                }
+                Err(e) => {
+                    println!("      PLAN ERROR: {e}");
+                    continue;
+                }
             },
-        }
+        };
+        println!(
+            "      edges: {}",
+            crate::plan::edges::describe(&variants::edges(case, plan.as_ref()))
+        );
     }
     Ok(exit::OK)
 }

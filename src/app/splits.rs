@@ -6,13 +6,12 @@ use std::path::Path;
 use crate::backend;
 use crate::case::{Case, CaseParams};
 use crate::error::{exit, InputError};
-use crate::report::{self, progress::Progress, RunDir};
+use crate::report::{self, progress::Progress};
 use crate::result::Status;
 use crate::runner::{self, Caches};
-use crate::scenario::data_id;
 use crate::variants::{self, VariantId};
 
-use super::{resolve_cases, run_meta, run_options};
+use super::{create_run_dir, resolve_cases, run_meta, run_options, validate_execution};
 
 /// Times every split count of each V4 workload, the heuristic's pick and
 /// hca_persist; writes splits.csv and splits.svg next to the run's rows.
@@ -27,16 +26,18 @@ pub fn splits(args: &crate::cli::SplitsArgs) -> Result<u8> {
         return rescore_splits(&cases, csv);
     }
     let e = &args.exec;
+    validate_execution(e, &cases)?;
     let (mut backend, notice) = backend::select(e.backend, &e.kernels_dir)?;
     if let Some(n) = notice {
         eprintln!("{n}");
     }
     let opts = run_options(e, backend.as_ref(), true, true);
-    let meta = run_meta(e, backend.as_ref(), std::slice::from_ref(&args.scenario), "splits-");
-    let mut dir = RunDir::create(&e.out, meta)?;
     // One study per workload: the first case of each data id is its template.
     let mut seen = std::collections::HashSet::new();
-    let bases: Vec<&Case> = cases.iter().filter(|c| seen.insert(data_id(c))).collect();
+    let bases: Vec<&Case> = cases.iter().filter(|c| seen.insert(c.data_id.clone())).collect();
+    let mut meta = run_meta(e, backend.as_ref(), std::slice::from_ref(&args.scenario), "splits-");
+    meta.planned = Some(bases.len() * 17);
+    let mut dir = create_run_dir(e, meta)?;
     let progress = Progress::new((bases.len() * 17) as u64, false);
     let mut caches = Caches::default();
     let mut studies = Vec::new();
@@ -56,7 +57,7 @@ pub fn splits(args: &crate::cli::SplitsArgs) -> Result<u8> {
         let pick = crate::plan::v4::v4_split_plan(p.rows, p.padded_rows, p.kernel_heads(), bound, base.cus, None);
         let lens: Vec<usize> = p.positions.iter().map(|&pos| variants::v4_row_len(p, pos)).collect();
         let mut study = Study {
-            data_id: data_id(base),
+            data_id: base.data_id.clone(),
             layer: p.layer.to_string(),
             rows: p.rows,
             heads: p.heads,
@@ -71,7 +72,7 @@ pub fn splits(args: &crate::cli::SplitsArgs) -> Result<u8> {
             let mut c = base.clone();
             c.variant = VariantId::V4Split;
             c.v4.splits = Some(n);
-            c.id = format!("{}-n{n}", study.data_id);
+            c.id = crate::scenario::v4_case_id(&c.data_id, &c.v4);
             progress.start(&c.key());
             let out = runner::run_case(&c, &mut caches, backend.as_mut(), &opts);
             if let Some(pt) = point(&out.row, n) {
@@ -82,7 +83,8 @@ pub fn splits(args: &crate::cli::SplitsArgs) -> Result<u8> {
         }
         let mut c = base.clone();
         c.variant = VariantId::HcaPersist;
-        c.id = study.data_id.clone();
+        c.v4.splits = None;
+        c.id = crate::scenario::v4_case_id(&c.data_id, &c.v4);
         progress.start(&c.key());
         let d = variants::decide(&c);
         let out = runner::run_case(&c, &mut caches, backend.as_mut(), &opts);
@@ -130,7 +132,7 @@ fn rescore_splits(cases: &[Case], csv_path: &Path) -> Result<u8> {
         let get = |k: &str| r.get(k).cloned().unwrap_or_default();
         let num = |k: &str| get(k).parse::<f64>().unwrap_or(f64::NAN);
         let id = get("data_id");
-        let Some(case) = cases.iter().find(|c| data_id(c) == id) else {
+        let Some(case) = cases.iter().find(|c| c.data_id == id) else {
             continue;
         };
         if !studies.iter().any(|s| s.data_id == id) {

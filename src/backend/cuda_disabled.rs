@@ -18,10 +18,7 @@ pub use error::{CompileError, EnvError};
 pub use report::{Ceilings, DeviceProps, DeviceReport, LaunchOverhead};
 pub use spec::KernelSpec;
 
-use super::{Backend, BackendError, DeviceInfo, RunOutput, TimingOptions};
-use crate::case::Case;
-use crate::variants::VariantPlan;
-use crate::workload::Workload;
+use super::{Backend, BackendError, DeviceInfo, RunOutput, RunRequest};
 
 #[derive(Clone, Debug, Default)]
 pub struct OpenOptions {
@@ -66,13 +63,7 @@ impl Backend for CudaBackend {
         match self.never {}
     }
 
-    fn run(
-        &mut self,
-        _case: &Case,
-        _workload: &Workload,
-        _plan: &VariantPlan,
-        _timing: &TimingOptions,
-    ) -> Result<RunOutput, BackendError> {
+    fn run(&mut self, _req: &RunRequest) -> Result<RunOutput, BackendError> {
         match self.never {}
     }
 }

@@ -15,7 +15,7 @@ pub mod hip;
 pub mod hip;
 mod select;
 
-pub use select::select;
+pub use select::{select, select_with};
 
 use serde::Serialize;
 use thiserror::Error;
@@ -95,9 +95,26 @@ pub struct Samples {
 #[derive(Clone, Debug, Default)]
 pub struct RunOutput {
     pub tensors: Vec<OutTensor>,
+    /// The outputs of each further checked launch (`RunRequest::repeats` - 1
+    /// of them), poisoned and run again over the same inputs and plan.
+    pub repeats: Vec<Vec<OutTensor>>,
+    /// Checks only the device can make, such as hca_persist's counters
+    /// being back at zero after each launch; a failed one fails the row
+    /// without stopping the run.
+    pub device_checks: Vec<DeviceCheck>,
     pub samples: Option<Samples>,
     /// Backend-specific notes for the report (e.g. compile cache hits).
     pub notes: Vec<String>,
+}
+
+/// A pass/fail fact about device state after a launch.
+#[derive(Clone, Debug)]
+pub struct DeviceCheck {
+    /// What was checked, e.g. `counters` or `counters.step2`.
+    pub name: String,
+    pub pass: bool,
+    /// Why it failed (empty on pass).
+    pub why: String,
 }
 
 #[derive(Debug, Error)]
@@ -122,10 +139,18 @@ pub struct RunRequest<'a> {
     /// Query rows that will be checked. A backend may leave other rows
     /// unwritten (the CPU emulation does, to keep sampled checks cheap).
     pub rows: &'a [usize],
+    /// Checked launches to make (>= 1); the outputs of each after the first
+    /// go to [`RunOutput::repeats`].
+    pub repeats: usize,
 }
 
 pub trait Backend {
     fn info(&self) -> &DeviceInfo;
+    /// Device memory free now, in bytes; `None` for a backend that runs in
+    /// host memory.
+    fn free_memory(&self) -> Option<u64> {
+        None
+    }
     /// Runs one variant's plan. Outputs are poisoned before the checked run so
     /// unwritten elements show up; returned tensors hold the real heads only.
     fn run(&mut self, req: &RunRequest) -> Result<RunOutput, BackendError>;

@@ -10,15 +10,41 @@ use crate::error::InputError;
 /// `auto` falls back to the CPU with a one-line notice; `cuda` without a
 /// usable GPU is an environment error (exit 2).
 pub fn select(choice: BackendChoice, kernels_dir: &Path) -> Result<(Box<dyn Backend>, Option<String>), InputError> {
+    select_with(choice, kernels_dir, None, true)
+}
+
+/// [`select`], with a bug planted in the CPU emulation (selftest only), and
+/// the ceilings measured only when something will be timed against them.
+pub fn select_with(
+    choice: BackendChoice,
+    kernels_dir: &Path,
+    fault: Option<super::cpu::Fault>,
+    ceilings: bool,
+) -> Result<(Box<dyn Backend>, Option<String>), InputError> {
+    let open = || {
+        let opts = cuda::OpenOptions {
+            measure_ceilings: ceilings,
+            ..Default::default()
+        };
+        cuda::CudaBackend::open_with(kernels_dir, &opts)
+    };
+    if let Some(f) = fault {
+        if choice != BackendChoice::Cpu {
+            return Err(InputError::Usage(format!(
+                "--cpu-fault {f} plants a bug in the CPU emulation: add --backend cpu"
+            )));
+        }
+        return Ok((Box::new(CpuBackend::with_fault(f)), None));
+    }
     match choice {
         BackendChoice::Cpu => Ok((Box::new(CpuBackend::new()), None)),
-        BackendChoice::Cuda => match cuda::CudaBackend::open(kernels_dir) {
+        BackendChoice::Cuda => match open() {
             Ok(b) => Ok((Box::new(b), None)),
             Err(e) => Err(InputError::Environment(format!(
                 "--backend cuda: {e:#}. Run on a machine with an NVIDIA GPU and driver, or use --backend cpu"
             ))),
         },
-        BackendChoice::Auto => match cuda::CudaBackend::open(kernels_dir) {
+        BackendChoice::Auto => match open() {
             Ok(b) => Ok((Box::new(b), None)),
             Err(e) => {
                 let first = format!("{e:#}").lines().next().unwrap_or("").to_string();

@@ -2,6 +2,7 @@
 //! persistent work list. Each plan checks its own invariants.
 
 pub mod balance;
+pub mod edges;
 pub mod gate;
 pub mod heads;
 pub mod split;

@@ -95,6 +95,7 @@ fn word(v: Verdict) -> &'static str {
         Verdict::Faster => "faster",
         Verdict::Same => "same",
         Verdict::OtherClock => "other clock",
+        Verdict::HostClock => "cpu clock, not judged",
         Verdict::Untimed => "untimed",
         Verdict::New => "new",
         Verdict::Missing => "missing",

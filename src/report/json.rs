@@ -9,6 +9,8 @@ use crate::result::Row;
 #[derive(Serialize)]
 struct Document<'a> {
     meta: &'a RunMeta,
+    /// `complete` or `incomplete: N of M cases` (read back from `meta`).
+    completeness: String,
     rows: &'a [Row],
 }
 
@@ -20,7 +22,12 @@ struct OwnedDocument {
 
 /// The whole file, pretty-printed.
 pub fn render(meta: &RunMeta, rows: &[Row]) -> anyhow::Result<String> {
-    let mut s = serde_json::to_string_pretty(&Document { meta, rows })?;
+    let completeness = super::Completeness::of(meta.planned, rows.len()).to_string();
+    let mut s = serde_json::to_string_pretty(&Document {
+        meta,
+        completeness,
+        rows,
+    })?;
     s.push('\n');
     Ok(s)
 }
@@ -92,6 +99,7 @@ mod tests {
         m.device.copy_gbps = Some(nan);
         m.device.tensor_tflops = Some(nan);
         m.check_rows = Some(4);
+        m.planned = Some(1);
         let v: Value = serde_json::from_str(&render(&m, &[r]).unwrap()).unwrap();
         fn nulls(v: &Value, at: String, out: &mut Vec<String>) {
             match v {

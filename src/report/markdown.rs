@@ -13,7 +13,14 @@ pub fn render(meta: &RunMeta, rows: &[Row]) -> String {
     let mut s = String::new();
     header(&mut s, meta);
     let counts = Counts::of(rows);
-    let _ = writeln!(s, "**{counts}**\n");
+    let done = super::Completeness::of(meta.planned, rows.len());
+    if done.is_incomplete() {
+        let _ = writeln!(
+            s,
+            "> **This run is {done}.** The rest never ran; finish it with `mlabench run ... --resume <this run directory>`.\n"
+        );
+    }
+    let _ = writeln!(s, "**{counts}** ({done})\n");
     failures(&mut s, rows);
     xfails(&mut s, rows);
     results(&mut s, rows);

@@ -8,6 +8,7 @@ pub mod csv;
 pub mod dump;
 mod format;
 pub mod json;
+pub mod junit;
 pub mod markdown;
 pub mod progress;
 mod run_dir;
@@ -51,6 +52,46 @@ pub struct RunMeta {
     /// How the second kernels followed their forwards (`--handoff`).
     #[serde(default = "crate::case::Handoff::before_choice")]
     pub handoff: crate::case::Handoff,
+    /// (case, variant) rows the run is to hold; `None` in runs made before
+    /// the count was kept.
+    #[serde(default)]
+    pub planned: Option<usize>,
+}
+
+/// Whether a run holds every row it set out to: a run cut short (killed,
+/// device lost) must not read as a clean pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Completeness {
+    Complete,
+    Incomplete {
+        done: usize,
+        of: usize,
+    },
+    /// A run from before the count was kept.
+    Unknown,
+}
+
+impl Completeness {
+    pub fn of(planned: Option<usize>, rows: usize) -> Completeness {
+        match planned {
+            None => Completeness::Unknown,
+            Some(of) if rows >= of => Completeness::Complete,
+            Some(of) => Completeness::Incomplete { done: rows, of },
+        }
+    }
+    pub fn is_incomplete(self) -> bool {
+        matches!(self, Completeness::Incomplete { .. })
+    }
+}
+
+impl fmt::Display for Completeness {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Completeness::Complete => f.write_str("complete"),
+            Completeness::Incomplete { done, of } => write!(f, "incomplete: {done} of {of} cases"),
+            Completeness::Unknown => f.write_str("unknown (a run from before completeness was recorded)"),
+        }
+    }
 }
 
 /// How many rows ended in each status.
@@ -164,7 +205,8 @@ pub fn has_cpu_timings(rows: &[Row]) -> bool {
 }
 
 /// Header for CPU-wall timings.
-pub const CPU_TIMINGS: &str = "CPU timings (host emulation, not GPU)";
+pub const CPU_TIMINGS: &str =
+    "CPU timings (host emulation, not GPU): one wall-clock sample per row, never judged against a baseline";
 
 #[cfg(test)]
 pub(crate) mod testutil {
@@ -300,6 +342,7 @@ pub(crate) mod testutil {
             kernels: None,
             ps1_schedule: Default::default(),
             handoff: Default::default(),
+            planned: None,
         }
     }
 }

@@ -40,22 +40,40 @@ impl RunDir {
     /// Creates `root/<run_id>/` and writes the (empty) files. An existing
     /// run directory is an error: results are never overwritten.
     pub fn create(root: &Path, meta: RunMeta) -> anyhow::Result<RunDir> {
-        let id = meta.run_id.as_str();
+        Self::create_with(root, meta, false)
+    }
+
+    /// [`RunDir::create`] for a run id the user did not choose: a run started
+    /// in the same instant gets the next free `-2`, `-3`, ... instead of an error.
+    pub fn create_unique(root: &Path, meta: RunMeta) -> anyhow::Result<RunDir> {
+        Self::create_with(root, meta, true)
+    }
+
+    fn create_with(root: &Path, mut meta: RunMeta, unique: bool) -> anyhow::Result<RunDir> {
+        let base = meta.run_id.clone();
+        let id = base.as_str();
         if id.is_empty() || id == "." || id == ".." || id.contains(['/', '\\']) {
             bail!("run id `{id}` is not a plain directory name; pick one without path separators");
         }
         fs::create_dir_all(root).with_context(|| format!("creating {}", root.display()))?;
-        let path = root.join(id);
-        match fs::create_dir(&path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                bail!(
-                    "{} already exists; pass another run id or move the old results away",
-                    path.display()
-                )
+        let mut n = 1;
+        let path = loop {
+            let path = root.join(&meta.run_id);
+            match fs::create_dir(&path) {
+                Ok(()) => break path,
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && unique && n < 1000 => {
+                    n += 1;
+                    meta.run_id = format!("{base}-{n}");
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    bail!(
+                        "{} already exists; pass another run id or move the old results away",
+                        path.display()
+                    )
+                }
+                Err(e) => return Err(e).with_context(|| format!("creating {}", path.display())),
             }
-            Err(e) => return Err(e).with_context(|| format!("creating {}", path.display())),
-        }
+        };
         let mut dir = RunDir {
             path,
             meta,
@@ -316,6 +334,15 @@ mod tests {
         let err = RunDir::create(root.path(), meta()).err().unwrap().to_string();
         assert!(err.contains("already exists"), "{err}");
         assert_eq!(csv_data_lines(&dir), 1, "the first run's rows survive");
+        let a = RunDir::create_unique(root.path(), meta()).unwrap();
+        let b = RunDir::create_unique(root.path(), meta()).unwrap();
+        assert_eq!(a.meta().run_id, "20250101-000000-2");
+        assert_eq!(b.meta().run_id, "20250101-000000-3");
+        assert_ne!(
+            a.path(),
+            b.path(),
+            "two runs in the same instant never share a directory"
+        );
         let mut m = meta();
         m.run_id = "../escape".into();
         assert!(RunDir::create(root.path(), m).is_err());

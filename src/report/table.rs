@@ -200,7 +200,15 @@ fn latencies(rows: &[Row], look: Look) -> (String, Option<Table>) {
         let v = latency(r, "variant")
             .or_else(|| latency(r, "kernel"))
             .map(|l| &l.summary);
-        let range = v.map(|s| duration_range_ms(s.p10, s.p90));
+        // One sample has no spread to show: say so instead of "910-910 us, 0.0%".
+        let single = v.is_some_and(|s| s.n < 2);
+        let range = v.map(|s| {
+            if single {
+                "1 sample".to_string()
+            } else {
+                duration_range_ms(s.p10, s.p90)
+            }
+        });
         let mut cells = vec![
             Cell::new(&r.case_id),
             Cell::new(&r.variant),
@@ -208,7 +216,7 @@ fn latencies(rows: &[Row], look: Look) -> (String, Option<Table>) {
             opt(latency(r, "kernel").map(|l| l.summary.median), duration_ms),
             opt(latency(r, "variant").map(|l| l.summary.median), duration_ms),
             num(range.unwrap_or_else(|| "-".to_string())),
-            opt(v.map(|s| s.rel_spread), percent),
+            opt(v.filter(|_| !single).map(|s| s.rel_spread), percent),
             opt(r.gbps, sig3),
             opt(r.tflops, sig3),
             opt(r.frac_bw, percent),

@@ -8,7 +8,7 @@ pub mod raw;
 use std::path::{Path, PathBuf};
 
 use crate::case::{
-    stable_hash, Case, CaseParams, Dtype, LayerType, MlaParams, PoolOrder, Ps1Schedule, V4Knobs, V4Params,
+    compose_id, stable_hash, Case, CaseParams, Dtype, LayerType, MlaParams, PoolOrder, Ps1Schedule, V4Knobs, V4Params,
 };
 use crate::error::InputError;
 use crate::metrics::Tolerances;
@@ -76,6 +76,11 @@ pub struct V4Block {
     pub seed: u64,
     pub tol: Tolerances,
 }
+
+/// Most sequences one MLA case may hold.
+pub const MAX_BATCH: usize = 1 << 20;
+/// Most rows (real or padded) of a V4 case: SPEC section 2's limit.
+pub const V4_MAX_ROWS: usize = 32768;
 
 /// Default MLA softmax scale: the model's 128 nope + 64 rope head dim.
 pub fn default_mla_sm_scale() -> f64 {
@@ -209,6 +214,11 @@ fn sm_scale(v: Option<f64>, default: f64) -> Result<f64, String> {
 
 fn mla_block(b: &RawMla, seed: u64) -> Result<MlaBlock, String> {
     let batch = usize_axis(required(&b.batch, "batch")?, "batch", 1)?;
+    if let Some(n) = batch.iter().find(|&&n| n > MAX_BATCH) {
+        return Err(format!(
+            "key `batch`: {n} sequences; a case holds at most {MAX_BATCH} (its per-sequence tables and plans live in host memory); split the batch"
+        ));
+    }
     let context = lengths::parse_axis(required(&b.context, "context")?, "context")?;
     if let Some(c) = context.iter().find(|c| c.min() == 0) {
         return Err(format!(
@@ -323,9 +333,9 @@ fn v4_block(b: &RawV4, seed: u64) -> Result<V4Block, String> {
         _ => Err(format!("unknown layer `{s}` (swa, csa or hca)")),
     })?;
     let rows = usize_axis(required(&b.rows, "rows")?, "rows", 1)?;
-    if let Some(r) = rows.iter().find(|&&r| r > 32768) {
+    if let Some(r) = rows.iter().find(|&&r| r > V4_MAX_ROWS) {
         return Err(format!(
-            "key `rows`: {r} rows is above the 32768 the V4 decode path takes"
+            "key `rows`: {r} rows is above the {V4_MAX_ROWS} the V4 decode path takes"
         ));
     }
     let pad_rows = b
@@ -334,6 +344,12 @@ fn v4_block(b: &RawV4, seed: u64) -> Result<V4Block, String> {
         .map(|v| usize_axis(v, "pad_rows", 0))
         .transpose()?
         .unwrap_or(vec![0]);
+    let max_rows = rows.iter().max().copied().unwrap_or(0);
+    if let Some(p) = pad_rows.iter().find(|&&p| max_rows.saturating_add(p) > V4_MAX_ROWS) {
+        return Err(format!(
+            "keys `rows` + `pad_rows`: {max_rows} + {p} padded rows; a CUDA-graph size above the {V4_MAX_ROWS} rows the V4 decode path takes cannot be captured"
+        ));
+    }
     let heads = usize_axis(required(&b.heads, "heads")?, "heads", 1)?;
     if let Some(h) = heads.iter().find(|&&h| h > 16 && ![32, 64, 128].contains(&h)) {
         return Err(format!(
@@ -449,12 +465,16 @@ pub fn expand(sc: &Scenario) -> Expansion {
                                             b.page_size.clone().unwrap_or_else(|| vec![native_page_size(variant)]);
                                         for ps in pages {
                                             let contig = if b.pool == PoolOrder::Contiguous { "-contig" } else { "" };
-                                            let data_id = format!(
+                                            let shape = format!(
                                                 "mla-b{batch}-c{}-h{hl}x{w}-s{s}-q{s_q}-{dtype}{contig}",
                                                 ctx.label()
                                             );
-                                            let id = format!("{data_id}-p{ps}");
-                                            let seed = stable_hash(&[&b.seed.to_le_bytes(), data_id.as_bytes()]);
+                                            let tol = if dtype == Dtype::Fp8 { b.tol_fp8 } else { b.tol_bf16 };
+                                            let data_id = format!("{shape}@{}", short(mla_settings(sc, b, &tol)));
+                                            let id = compose_id(&data_id, &format!("-p{ps}"));
+                                            // Seeded by the readable shape, so the bytes of a case do not
+                                            // depend on how its digest is spelled.
+                                            let seed = stable_hash(&[&b.seed.to_le_bytes(), shape.as_bytes()]);
                                             let params = MlaParams {
                                                 batch,
                                                 ctx: ctx.lengths(batch, seed),
@@ -470,10 +490,11 @@ pub fn expand(sc: &Scenario) -> Expansion {
                                             };
                                             cases.push(Case {
                                                 id,
+                                                data_id,
                                                 variant,
                                                 params: CaseParams::Mla(params),
                                                 seed,
-                                                tol: if dtype == Dtype::Fp8 { b.tol_fp8 } else { b.tol_bf16 },
+                                                tol,
                                                 force: b.force.contains(&variant),
                                                 target: sc.target,
                                                 cus: sc.cus,
@@ -502,15 +523,16 @@ pub fn expand(sc: &Scenario) -> Expansion {
                                 .iter()
                                 .flat_map(|v| b.indptr_offset.iter().map(move |o| (v, o)))
                             {
-                                let mut data_id =
+                                let mut shape =
                                     format!("v4-{layer}-n{rows}-t{}-h{heads}-p{}-v{verify}", rows + pad, pos.label());
                                 if offset > 0 {
-                                    data_id.push_str(&format!("-o{offset}"));
+                                    shape.push_str(&format!("-o{offset}"));
                                 }
                                 if b.replay > 0 {
-                                    data_id.push_str(&format!("-r{}", b.replay));
+                                    shape.push_str(&format!("-r{}", b.replay));
                                 }
-                                let seed = stable_hash(&[&b.seed.to_le_bytes(), data_id.as_bytes()]);
+                                let data_id = format!("{shape}@{}", short(v4_settings(sc, b)));
+                                let seed = stable_hash(&[&b.seed.to_le_bytes(), shape.as_bytes()]);
                                 let seqs = rows.div_ceil(verify);
                                 let starts = pos.lengths(seqs, seed);
                                 let positions: Vec<usize> =
@@ -543,18 +565,16 @@ pub fn expand(sc: &Scenario) -> Expansion {
                                         vec![None]
                                     };
                                     for splits in split_axis {
-                                        let mut id = match splits {
-                                            Some(n) => format!("{data_id}-n{n}"),
-                                            None => data_id.clone(),
+                                        let knobs = V4Knobs {
+                                            min_rows: b.min_rows,
+                                            partitions: b.partitions,
+                                            splits,
+                                            workspace: b.workspace,
+                                            eager: b.eager,
                                         };
-                                        if b.eager {
-                                            id.push_str("-eager");
-                                        }
-                                        if !b.workspace {
-                                            id.push_str("-nows");
-                                        }
                                         cases.push(Case {
-                                            id,
+                                            id: v4_case_id(&data_id, &knobs),
+                                            data_id: data_id.clone(),
                                             variant,
                                             params: CaseParams::V4(params.clone()),
                                             seed,
@@ -562,13 +582,7 @@ pub fn expand(sc: &Scenario) -> Expansion {
                                             force: false,
                                             target: sc.target,
                                             cus: sc.cus,
-                                            v4: V4Knobs {
-                                                min_rows: b.min_rows,
-                                                partitions: b.partitions,
-                                                splits,
-                                                workspace: b.workspace,
-                                                eager: b.eager,
-                                            },
+                                            v4: knobs,
                                             ps1_schedule: Ps1Schedule::default(),
                                             scenario: sc.path.clone(),
                                         });
@@ -586,19 +600,83 @@ pub fn expand(sc: &Scenario) -> Expansion {
     Expansion { cases, dropped }
 }
 
-/// The id of the data a case computes on (page size and split override
-/// stripped): cases that share it share inputs and references.
-pub fn data_id(case: &Case) -> String {
-    match &case.params {
-        CaseParams::Mla(p) => case.id.trim_end_matches(&format!("-p{}", p.page_size)).to_string(),
-        CaseParams::V4(_) => {
-            let id = case.id.trim_end_matches("-nows").trim_end_matches("-eager");
-            match case.v4.splits {
-                Some(n) => id.trim_end_matches(&format!("-n{n}")).to_string(),
-                None => id.to_string(),
-            }
-        }
+/// The id of a V4 case on `data_id` with these knobs: a fixed split count,
+/// an eager call and a missing workspace make other cases on the same data.
+pub fn v4_case_id(data_id: &str, k: &V4Knobs) -> String {
+    let mut knobs = String::new();
+    if let Some(n) = k.splits {
+        knobs.push_str(&format!("-n{n}"));
     }
+    if k.eager {
+        knobs.push_str("-eager");
+    }
+    if !k.workspace {
+        knobs.push_str("-nows");
+    }
+    compose_id(data_id, &knobs)
+}
+
+/// Feeds a tolerance set into a digest.
+fn tol_bytes(t: &Tolerances) -> Vec<u8> {
+    [t.cos_diff, t.mismatch, t.atol, t.rtol, t.lse_abs]
+        .iter()
+        .flat_map(|x| x.to_bits().to_le_bytes())
+        .collect()
+}
+
+/// The id's digest: 8 hex digits of a settings hash. A collision of two
+/// different cases is caught at resolve time by [`fingerprint`].
+fn short(h: u64) -> String {
+    format!("{:08x}", h >> 32)
+}
+
+/// What an MLA case's readable shape leaves out but its bytes, plan or
+/// verdict depend on.
+fn mla_settings(sc: &Scenario, b: &MlaBlock, tol: &Tolerances) -> u64 {
+    let pool: &[u8] = match b.pool {
+        PoolOrder::Shuffled => b"shuffled",
+        PoolOrder::Contiguous => b"contiguous",
+    };
+    stable_hash(&[
+        b"mla",
+        &b.seed.to_le_bytes(),
+        &b.sm_scale.to_bits().to_le_bytes(),
+        sc.target.to_string().as_bytes(),
+        &(sc.cus as u64).to_le_bytes(),
+        pool,
+        &tol_bytes(tol),
+    ])
+}
+
+/// The same for a V4 case: the list rules (`index_topk`, `max_model_len`)
+/// and the hca_persist knobs that are not in the id.
+fn v4_settings(sc: &Scenario, b: &V4Block) -> u64 {
+    stable_hash(&[
+        b"v4",
+        &b.seed.to_le_bytes(),
+        &b.sm_scale.to_bits().to_le_bytes(),
+        sc.target.to_string().as_bytes(),
+        &(sc.cus as u64).to_le_bytes(),
+        &(b.index_topk as u64).to_le_bytes(),
+        &(b.max_model_len as u64).to_le_bytes(),
+        &(b.min_rows as u64).to_le_bytes(),
+        &(b.partitions as u64).to_le_bytes(),
+        &tol_bytes(&b.tol),
+    ])
+}
+
+/// Everything a case's id stands for, as one value: two cases with the same
+/// id and different fingerprints would be a digest collision.
+pub fn fingerprint(case: &Case) -> String {
+    serde_json::to_string(&(
+        &case.params,
+        case.seed,
+        &case.tol,
+        case.target.to_string(),
+        case.cus,
+        &case.v4,
+    ))
+    .unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -623,7 +701,7 @@ mod tests {
             assert_eq!((pa.pool, pb.pool), (PoolOrder::Shuffled, PoolOrder::Contiguous));
             assert!(!a.id.contains("contig"), "{}", a.id);
             assert!(b.id.contains("-contig-p"), "{}", b.id);
-            assert_eq!(data_id(b), b.id.trim_end_matches(&format!("-p{}", pb.page_size)));
+            assert_eq!(b.id, compose_id(&b.data_id, &format!("-p{}", pb.page_size)));
         }
     }
 }

@@ -132,6 +132,28 @@ pub fn v4_smem(hk: usize) -> u32 {
     (hg * 1040 + 2 * 32 * 1040 + 2 * 32 * 592 + nsl * hg * 40 * 4 + hg * 80 + hg * 12 + 1024) as u32
 }
 
+/// The configurations a case launches (none where the gate skips it).
+pub fn launched(case: &crate::case::Case, decision: &super::Decision) -> Vec<KernelSpec> {
+    use super::VariantId::*;
+    use crate::case::CaseParams;
+    use crate::plan::heads;
+    if decision.skip.is_some() {
+        return vec![];
+    }
+    match (&case.params, case.variant) {
+        (CaseParams::Mla(p), Ps1) => heads::kernel_heads(p.heads(), p.s_q)
+            .map(|hk| vec![ps1(hk, p.dtype == crate::case::Dtype::Fp8, mla_mt(hk, p.s_q))])
+            .unwrap_or_default(),
+        (CaseParams::Mla(p), Page64) => heads::page64_heads(p.heads())
+            .map(|hk| vec![page64(hk, p.dtype == crate::case::Dtype::Fp8, mla_mt(hk, p.s_q))])
+            .unwrap_or_default(),
+        (CaseParams::Mla(_), DcpCombine) | (CaseParams::V4(_), SplitMerge) => vec![merge()],
+        (CaseParams::V4(p), HcaPersist) if decision.fallback.is_none() => vec![hca_persist(p.kernel_heads())],
+        (CaseParams::V4(p), V4Split | HcaPersist) => vec![v4_split(p.kernel_heads()), merge()],
+        _ => vec![],
+    }
+}
+
 /// Every configuration a run can launch; all must compile for sm_90a.
 pub fn all() -> Vec<KernelSpec> {
     let mut v = Vec::new();

@@ -37,6 +37,9 @@ pub struct VariantInfo {
     pub kernel_file: &'static str,
     /// One-line contract, for `mlabench list`.
     pub contract: &'static str,
+    /// Why two launches on the same inputs may differ in their bits, if they
+    /// may; `None`: repeated checked launches must match bit for bit.
+    pub nondeterministic: Option<&'static str>,
 }
 
 pub const REGISTRY: &[VariantInfo] = &[
@@ -46,6 +49,7 @@ pub const REGISTRY: &[VariantInfo] = &[
         family: Family::Mla,
         kernel_file: "ps1.cu",
         contract: "persistent MLA decode, page size 1, host work list, causal mask on global DCP positions; widths 16..128 (s_q=1), 16 (s_q<=4) and 96 (s_q<=8); f32 partials + reduce",
+        nondeterministic: None,
     },
     VariantInfo {
         id: VariantId::Page64,
@@ -53,6 +57,7 @@ pub const REGISTRY: &[VariantInfo] = &[
         family: Family::Mla,
         kernel_file: "page64.cu",
         contract: "non-persistent fallback, page size 64, split heuristic, local bottom-right mask; heads multiple of 16 up to 128; stage 1 partials + stage 2 merge",
+        nondeterministic: None,
     },
     VariantInfo {
         id: VariantId::DcpCombine,
@@ -60,6 +65,7 @@ pub const REGISTRY: &[VariantInfo] = &[
         family: Family::Mla,
         kernel_file: "merge.cu",
         contract: "merges per-rank (o, lse) over the DCP world with the LSE combine; NaN/+inf LSE count as empty",
+        nondeterministic: None,
     },
     VariantInfo {
         id: VariantId::V4Split,
@@ -67,6 +73,7 @@ pub const REGISTRY: &[VariantInfo] = &[
         family: Family::V4,
         kernel_file: "v4_split.cu",
         contract: "V4 native-FP8 decode with a caller-built split plan from the uniform [16, T+1] table (or its own pick), attention sink, split_merge",
+        nondeterministic: None,
     },
     VariantInfo {
         id: VariantId::HcaPersist,
@@ -74,6 +81,9 @@ pub const REGISTRY: &[VariantInfo] = &[
         family: Family::V4,
         kernel_file: "hca_persist.cu",
         contract: "persistent V4 HCA decode: in-kernel split over P partitions from real lengths, last finisher merges and resets counters; gates fall back to v4_split",
+        nondeterministic: Some(
+            "the last CTA to finish a split row merges it, adding its own piece first: which CTA that is depends on scheduling, and f32 sums in another order differ in their last bits",
+        ),
     },
     VariantInfo {
         id: VariantId::SplitMerge,
@@ -81,6 +91,7 @@ pub const REGISTRY: &[VariantInfo] = &[
         family: Family::V4,
         kernel_file: "merge.cu",
         contract: "merges split partials (f32 o, lse without sink) per row and adds the attention sink once",
+        nondeterministic: None,
     },
 ];
 

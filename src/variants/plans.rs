@@ -23,6 +23,8 @@ pub struct CombineInputs {
     pub o: Vec<u16>,
     /// `[W, rows, H]`.
     pub lse: Vec<f32>,
+    /// Empty (rank, row, head) parts given NaN o and a -inf/+inf/NaN LSE.
+    pub poisoned: usize,
 }
 
 /// Split partials (no sink) of the V4 split contract, from the reference.
@@ -37,6 +39,8 @@ pub struct SplitMergeInputs {
     pub lse: Vec<f32>,
     /// `[H]`.
     pub sink: Vec<f32>,
+    /// Empty (split, row, head) parts given NaN o and a -inf/+inf/NaN LSE.
+    pub poisoned: usize,
 }
 
 #[derive(Clone, Debug)]
@@ -265,7 +269,7 @@ pub fn summary(plan: &VariantPlan) -> String {
                 format!("h{kernel_heads} splits={lo}..{hi}")
             }
         }
-        VariantPlan::DcpCombine(c) => format!("W={} h{}", c.world, c.heads),
+        VariantPlan::DcpCombine(c) => format!("W={} h{} empty-parts-poisoned={}", c.world, c.heads, c.poisoned),
         VariantPlan::V4Split(s) => format!("n={} ({:?})", s.n, s.source),
         VariantPlan::HcaPersist { partitions, plan } => {
             format!(
@@ -273,7 +277,7 @@ pub fn summary(plan: &VariantPlan) -> String {
                 plan.partitions, plan.split_rows
             )
         }
-        VariantPlan::SplitMerge(s) => format!("n={} sink", s.n),
+        VariantPlan::SplitMerge(s) => format!("n={} sink empty-parts-poisoned={}", s.n, s.poisoned),
     }
 }
 
@@ -348,4 +352,89 @@ pub fn cost(case: &Case, wl: &Workload, plan: &VariantPlan) -> (f64, f64) {
             (0.0, 0.0)
         }
     }
+}
+
+/// The length edges this plan puts the case's sequences on (see
+/// [`crate::plan::edges`]): for each sequence or row, the pieces its split,
+/// work list or partitions cut it into.
+/// The merges need no plan: dcp_combine's pieces are the ranks, split_merge's
+/// the v4_split plan's splits.
+pub fn edges(case: &Case, plan: Option<&VariantPlan>) -> std::collections::BTreeSet<crate::plan::edges::Edge> {
+    use crate::plan::edges::union;
+    use crate::plan::split::page64_split_ranges;
+    use crate::plan::v4::split_ranges;
+    let tile = |sizes: &[usize]| -> Vec<(usize, usize)> {
+        let mut at = 0;
+        sizes
+            .iter()
+            .map(|&n| {
+                at += n;
+                (at - n, at)
+            })
+            .collect()
+    };
+    let mut seqs: Vec<(usize, Vec<(usize, usize)>)> = Vec::new();
+    match (&case.params, case.variant, plan) {
+        (CaseParams::Mla(p), _, Some(VariantPlan::Ps1 { ranks, .. })) => {
+            for (r, wl) in ranks.iter().enumerate() {
+                let mut by: std::collections::BTreeMap<(i32, i32), Vec<(usize, usize)>> = Default::default();
+                for it in &wl.items {
+                    by.entry((it.seq, it.q_start))
+                        .or_default()
+                        .push((it.kv_start as usize, it.kv_end as usize));
+                }
+                for ((seq, _), mut pieces) in by {
+                    pieces.sort_unstable();
+                    let len = dcp::local_len(r, p.ctx[seq as usize], p.dcp_world, p.interleave);
+                    seqs.push((len, pieces));
+                }
+            }
+        }
+        (CaseParams::Mla(p), _, Some(VariantPlan::Page64 { splits, .. })) => {
+            for (r, &n) in splits.iter().enumerate() {
+                for &l in &p.ctx {
+                    let len = dcp::local_len(r, l, p.dcp_world, p.interleave);
+                    seqs.push((len, page64_split_ranges(len, n)));
+                }
+            }
+        }
+        (CaseParams::Mla(p), VariantId::DcpCombine, _) => {
+            // Each query row's ranks are its pieces: the tokens each one sees.
+            for b in 0..p.batch {
+                for ii in 0..p.s_q {
+                    let vis: Vec<usize> = (0..p.dcp_world).map(|r| mla_visible(p, r, b, ii)).collect();
+                    // No page edges: a row's ranks are not pages of one pool.
+                    seqs.push((0, tile(&vis)));
+                }
+            }
+        }
+        (CaseParams::V4(p), _, Some(VariantPlan::V4Split(SplitPlan { n, .. })))
+        | (CaseParams::V4(p), _, Some(VariantPlan::SplitMerge(SplitMergeInputs { n, .. }))) => {
+            for &pos in &p.positions {
+                let len = v4_row_len(p, pos);
+                seqs.push((len, split_ranges(len, *n)));
+            }
+        }
+        (CaseParams::V4(p), VariantId::SplitMerge, None) => {
+            let bound = kv_len_bound(p.layer, p.index_topk, p.max_model_len);
+            let n = v4_split_plan(p.rows, p.padded_rows, p.kernel_heads(), bound, case.cus, case.v4.splits).n;
+            for &pos in &p.positions {
+                let len = v4_row_len(p, pos);
+                seqs.push((len, split_ranges(len, n)));
+            }
+        }
+        (CaseParams::V4(p), _, Some(VariantPlan::HcaPersist { plan, .. })) => {
+            for (i, &pos) in p.positions.iter().enumerate() {
+                let pieces: Vec<(usize, usize)> = plan
+                    .pieces
+                    .iter()
+                    .filter(|pc| pc.row == i)
+                    .map(|pc| (pc.start, pc.end))
+                    .collect();
+                seqs.push((v4_row_len(p, pos), pieces));
+            }
+        }
+        _ => {}
+    }
+    union(seqs.iter().map(|(l, p)| (*l, p.as_slice())))
 }

@@ -95,8 +95,9 @@ pub fn attend(
 
 /// Merges partial (o, lse) pairs of one row/head with the SPEC §1 combine and
 /// an optional sink (SPEC §2). NaN and +inf LSEs count as empty; a zero weight
-/// contributes nothing even when its o is NaN.
-pub fn merge(parts: &[(&[f32], f32)], sink: Option<f32>, out: &mut [f32]) -> f32 {
+/// contributes nothing even when its o is NaN, unless `keep_empty` (a planted
+/// bug, see [`super::Fault::MergeKeepsEmpty`]).
+pub fn merge(parts: &[(&[f32], f32)], sink: Option<f32>, out: &mut [f32], keep_empty: bool) -> f32 {
     let clean = |l: f32| {
         if l.is_nan() || l == f32::INFINITY {
             f32::NEG_INFINITY
@@ -119,7 +120,7 @@ pub fn merge(parts: &[(&[f32], f32)], sink: Option<f32>, out: &mut [f32]) -> f32
     let g = m + sum.ln();
     for (o, l) in parts {
         let w = (clean(*l) - g).exp();
-        if w == 0.0 {
+        if w == 0.0 && !keep_empty {
             continue;
         }
         for (d, x) in out.iter_mut().zip(o.iter()) {
@@ -165,15 +166,22 @@ mod tests {
             ],
             None,
             &mut out,
+            false,
         );
         assert_eq!(out[0], 2.0);
         assert!((g - 0.5).abs() < 1e-6);
-        let g = merge(&[(&a, 0.0)], Some(0.0), &mut out);
+        let g = merge(&[(&a, 0.0)], Some(0.0), &mut out, false);
         assert!((out[0] - 1.0).abs() < 1e-6, "half the mass goes to the sink");
         assert!((g - 2f32.ln()).abs() < 1e-6);
-        let g = merge(&[], Some(1.5), &mut out);
+        let g = merge(&[], Some(1.5), &mut out, false);
         assert_eq!((out[0], g), (0.0, 1.5));
-        assert_eq!(merge(&[(&nan, f32::NEG_INFINITY)], None, &mut out), f32::NEG_INFINITY);
+        assert_eq!(
+            merge(&[(&nan, f32::NEG_INFINITY)], None, &mut out, false),
+            f32::NEG_INFINITY
+        );
         assert_eq!(out[0], 0.0);
+        // The planted bug: an empty part's NaN reaches the sum.
+        merge(&[(&a, 0.5), (&nan, f32::NEG_INFINITY)], None, &mut out, true);
+        assert!(out[0].is_nan());
     }
 }

@@ -93,8 +93,10 @@ impl Compiler {
         o
     }
 
+    /// The configuration as errors name it: the file under the kernels dir
+    /// this compiler reads (`--kernels-dir`), its defines and the target.
     fn label(&self, spec: &KernelSpec) -> String {
-        format!("{} [{}]", Path::new("kernels").join(spec.label()).display(), self.arch)
+        format!("{} [{}]", self.kernels_dir.join(spec.label()).display(), self.arch)
     }
 
     /// Compiles one configuration (or takes it from the cache) and checks
@@ -162,13 +164,7 @@ fn check_entry_points(cubin: &[u8], spec: &KernelSpec, label: &str) -> Result<()
         .entry_points
         .iter()
         .copied()
-        .filter(|name| {
-            let mut needle = Vec::with_capacity(name.len() + 2);
-            needle.push(0);
-            needle.extend_from_slice(name.as_bytes());
-            needle.push(0);
-            !cubin.windows(needle.len()).any(|w| w == needle.as_slice())
-        })
+        .filter(|name| !super::device::elf_has_symbol(cubin, name))
         .collect();
     if missing.is_empty() {
         Ok(())
@@ -366,7 +362,8 @@ mod tests {
         };
         let e = c.compile(&KernelSpec::new("broken.cu", &["k"])).unwrap_err();
         let msg = e.to_string();
-        assert!(msg.contains("kernels/broken.cu [sm_90a]"), "{msg}");
+        let named = format!("{} [sm_90a]", t.path().join("broken.cu").display());
+        assert!(msg.contains(&named), "the error names the kernels dir it read: {msg}");
         // NVRTC's own diagnostic, verbatim: file(line): error: ...
         assert!(msg.contains("broken.cu(1): error"), "{msg}");
         assert!(msg.contains("undeclared_thing"), "{msg}");

@@ -215,6 +215,26 @@ impl CudaDevice {
         })
     }
 
+    /// [`CudaDevice::fill_u32`] through a shared handle, for scratch buffers
+    /// (partials, workspaces) that kernels also write through shared handles:
+    /// the device memory is not Rust memory, and this stream orders the
+    /// memset against every launch that uses the buffer.
+    pub fn fill_u32_scratch<T>(&self, buf: &DeviceBuffer<T>, bits: u32) -> Result<(), BackendError> {
+        let bytes = buf.num_bytes();
+        if bytes % 4 != 0 {
+            return Err(BackendError::Failed(format!(
+                "fill_u32 on {bytes} bytes (not a multiple of 4); use fill_u16 or fill_u8"
+            )));
+        }
+        self.alive()?;
+        self.check("binding the context", self.ctx.bind_to_thread())?;
+        let (ptr, _guard) = buf.device_ptr(&self.stream);
+        // SAFETY: ptr is this buffer's device pointer, valid for `bytes` bytes
+        // and 256-byte aligned; the memset is queued on the buffer's stream.
+        let r = unsafe { sys::cuMemsetD32Async(ptr, bits, bytes / 4, self.stream.cu_stream()) };
+        self.check("cuMemsetAsync", r.result())
+    }
+
     /// Fills with a repeated 16-bit pattern (byte size a multiple of 2).
     pub fn fill_u16<T>(&self, buf: &mut DeviceBuffer<T>, bits: u16) -> Result<(), BackendError> {
         let bytes = buf.num_bytes();
@@ -270,7 +290,10 @@ impl CudaDevice {
                 dyn_smem_limit: AtomicU32::new(48 * 1024),
             });
         }
-        let pdl_waits = module.get_global("mlab_pdl_waits", &self.stream).is_ok();
+        // The symbol sits in the CUBIN's ELF string table; reading it there
+        // instead of asking the driver keeps a module without it from being a
+        // failed API call (which compute-sanitizer reports as an error).
+        let pdl_waits = elf_has_symbol(cubin, "mlab_pdl_waits");
         Ok(LoadedModule {
             spec: spec.clone(),
             pdl_waits,
@@ -443,6 +466,16 @@ impl CudaDevice {
 }
 
 /// `CUDA_ERROR_ILLEGAL_ADDRESS (an illegal memory access was encountered)`.
+/// Whether `name` is a NUL-delimited string in the image (ELF symbol names
+/// are, in the string table).
+pub fn elf_has_symbol(image: &[u8], name: &str) -> bool {
+    let mut needle = Vec::with_capacity(name.len() + 2);
+    needle.push(0);
+    needle.extend_from_slice(name.as_bytes());
+    needle.push(0);
+    image.windows(needle.len()).any(|w| w == needle.as_slice())
+}
+
 pub fn describe(e: DriverError) -> String {
     let name = e
         .error_name()

@@ -4,7 +4,7 @@
 use cudarc::driver::LaunchConfig;
 
 use super::{CudaBackend, DeviceBuffer, RawArg, RegionSamples};
-use crate::backend::{BackendError, OutTensor, RunOutput, RunRequest, Samples, TimingOptions};
+use crate::backend::{BackendError, DeviceCheck, OutTensor, RunOutput, RunRequest, Samples, TimingOptions};
 use crate::case::{Dtype, Handoff, MLA_D_QK, MLA_D_V, V4_D};
 use crate::metrics::POISON_BITS;
 use crate::plan::heads::PaddedHeads;
@@ -117,6 +117,11 @@ impl CudaBackend {
         Ok(())
     }
 
+    fn poison_mla(&self, b: &mut MlaRank) -> R<()> {
+        self.dev.fill_u16(&mut b.o, BF16_POISON)?;
+        self.dev.fill_u32(&mut b.lse, POISON_BITS)
+    }
+
     /// Whether this run launches its second kernel as a programmatic
     /// dependent: asked for, and the module's merge kernels wait for their
     /// forward (`mlab_pdl_waits`, kernels/common/pdl.cuh). A kernels dir from
@@ -147,7 +152,14 @@ impl CudaBackend {
         )
     }
 
-    fn run_ps1(&mut self, w: &MlaWorkload, hk: usize, ranks: &[WorkList], timing: &TimingOptions) -> R<RunOutput> {
+    fn run_ps1(
+        &mut self,
+        w: &MlaWorkload,
+        hk: usize,
+        ranks: &[WorkList],
+        timing: &TimingOptions,
+        repeats: usize,
+    ) -> R<RunOutput> {
         let fp8 = w.p.dtype == Dtype::Fp8;
         let mt = kernels::mla_mt(hk, w.p.s_q);
         let m = self.module(&kernels::ps1(hk, fp8, mt))?;
@@ -159,6 +171,7 @@ impl CudaBackend {
         let (ws, rs, ss) = (w.p.dcp_world as i32, 0i32, w.p.interleave as i32);
         let (qs, ks, sm) = (w.q_scale, w.kv_scale, w.p.sm_scale as f32);
         let mut tensors = Vec::new();
+        let mut again = vec![Vec::new(); repeats.saturating_sub(1)];
         let mut timed = None;
         for (r, wl) in ranks.iter().enumerate() {
             let mut b = self.mla_rank(w, r, hk)?;
@@ -217,10 +230,18 @@ impl CudaBackend {
                 // dependent launch it waits for ps1_fwd before reading partials.
                 unsafe { dev.launch_raw(red, cfg((n_red, hk as u32, 1), 128, red_smem), pdl, &args) }
             };
-            fwd_launch(&mut b)?;
-            red_launch(&mut b)?;
-            self.dev.sync()?;
-            self.mla_outputs(w, r, hk, &b, &mut tensors)?;
+            for k in 0..repeats.max(1) {
+                // Outputs and partials start as poison: an element nobody
+                // wrote, or a partial read before its forward wrote it, shows.
+                self.poison_mla(&mut b)?;
+                self.dev.fill_u32_scratch(&part_o, POISON_BITS)?;
+                self.dev.fill_u32_scratch(&part_lse, POISON_BITS)?;
+                fwd_launch(&mut b)?;
+                red_launch(&mut b)?;
+                self.dev.sync()?;
+                let into = if k == 0 { &mut tensors } else { &mut again[k - 1] };
+                self.mla_outputs(w, r, hk, &b, into)?;
+            }
             if r == 0 && timing.enabled {
                 timed = Some(self.kernel_and_variant(timing, |variant| {
                     fwd_launch(&mut b).and_then(|_| if variant { red_launch(&mut b) } else { Ok(()) })
@@ -229,12 +250,21 @@ impl CudaBackend {
         }
         Ok(RunOutput {
             tensors,
+            repeats: again,
             samples: timed,
             notes: self.take_notes(),
+            ..Default::default()
         })
     }
 
-    fn run_page64(&mut self, w: &MlaWorkload, hk: usize, splits: &[usize], timing: &TimingOptions) -> R<RunOutput> {
+    fn run_page64(
+        &mut self,
+        w: &MlaWorkload,
+        hk: usize,
+        splits: &[usize],
+        timing: &TimingOptions,
+        repeats: usize,
+    ) -> R<RunOutput> {
         let fp8 = w.p.dtype == Dtype::Fp8;
         let mt = kernels::mla_mt(hk, w.p.s_q);
         let m = self.module(&kernels::page64(hk, fp8, mt))?;
@@ -246,6 +276,7 @@ impl CudaBackend {
         let (qs, ks, sm) = (w.q_scale, w.kv_scale, w.p.sm_scale as f32);
         let n = w.p.total_q();
         let mut tensors = Vec::new();
+        let mut again = vec![Vec::new(); repeats.saturating_sub(1)];
         let mut timed = None;
         for (r, &ns) in splits.iter().enumerate() {
             let mut b = self.mla_rank(w, r, hk)?;
@@ -293,10 +324,16 @@ impl CudaBackend {
                 // as a dependent launch it waits for page64_fwd before reading them.
                 unsafe { dev.launch_raw(mrg, cfg((n as u32, hk as u32, 1), 128, mrg_smem), pdl, &args) }
             };
-            fwd_launch(&mut b)?;
-            mrg_launch(&mut b)?;
-            self.dev.sync()?;
-            self.mla_outputs(w, r, hk, &b, &mut tensors)?;
+            for k in 0..repeats.max(1) {
+                self.poison_mla(&mut b)?;
+                self.dev.fill_u32_scratch(&part_o, POISON_BITS)?;
+                self.dev.fill_u32_scratch(&part_lse, POISON_BITS)?;
+                fwd_launch(&mut b)?;
+                mrg_launch(&mut b)?;
+                self.dev.sync()?;
+                let into = if k == 0 { &mut tensors } else { &mut again[k - 1] };
+                self.mla_outputs(w, r, hk, &b, into)?;
+            }
             if r == 0 && timing.enabled {
                 timed = Some(self.kernel_and_variant(timing, |variant| {
                     fwd_launch(&mut b).and_then(|_| if variant { mrg_launch(&mut b) } else { Ok(()) })
@@ -305,12 +342,14 @@ impl CudaBackend {
         }
         Ok(RunOutput {
             tensors,
+            repeats: again,
             samples: timed,
             notes: self.take_notes(),
+            ..Default::default()
         })
     }
 
-    fn run_combine(&mut self, c: &CombineInputs, timing: &TimingOptions) -> R<RunOutput> {
+    fn run_combine(&mut self, c: &CombineInputs, timing: &TimingOptions, repeats: usize) -> R<RunOutput> {
         let m = self.module(&kernels::merge())?;
         let k = m.kernel("dcp_combine")?;
         let (rows, h) = (c.rows.len(), c.heads);
@@ -318,11 +357,9 @@ impl CudaBackend {
         let lse_r = self.dev.upload(&c.lse)?;
         let mut o = self.dev.alloc_zeros::<u16>(rows * h * MLA_D_V)?;
         let mut lse = self.dev.alloc_zeros::<f32>(rows * h)?;
-        self.dev.fill_u16(&mut o, BF16_POISON)?;
-        self.dev.fill_u32(&mut lse, POISON_BITS)?;
         let (wi, ri, hi) = (c.world as i32, rows as i32, h as i32);
         let dev = &self.dev;
-        let mut launch = || -> R<()> {
+        let launch = |o: &mut DeviceBuffer<u16>, lse: &mut DeviceBuffer<f32>| -> R<()> {
             // SAFETY: matches dcp_combine in kernels/ABI.md: [W, rows, H, 512] in, [rows, H, 512] out.
             unsafe {
                 dev.launch(k)
@@ -331,33 +368,46 @@ impl CudaBackend {
                     .arg(&wi)
                     .arg(&ri)
                     .arg(&hi)
-                    .arg(&mut o)
-                    .arg(&mut lse)
+                    .arg(o)
+                    .arg(lse)
                     .launch(cfg(((rows * h) as u32, 1, 1), 64, 0))
             }
         };
-        launch()?;
+        let mut runs = Vec::with_capacity(repeats.max(1));
+        for _ in 0..repeats.max(1) {
+            self.dev.fill_u16(&mut o, BF16_POISON)?;
+            self.dev.fill_u32(&mut lse, POISON_BITS)?;
+            launch(&mut o, &mut lse)?;
+            self.dev.sync()?;
+            runs.push(vec![
+                OutTensor {
+                    name: "o".into(),
+                    row_len: h * MLA_D_V,
+                    data: bf16_out(&self.dev.download(&o)?),
+                },
+                OutTensor {
+                    name: "lse".into(),
+                    row_len: h,
+                    data: self.dev.download(&lse)?,
+                },
+            ]);
+        }
         let timed = if timing.enabled {
-            Some(one_kernel(self.time_region(timing, || Ok(()), |_| launch())?))
+            Some(one_kernel(self.time_region(
+                timing,
+                || Ok(()),
+                |_| launch(&mut o, &mut lse),
+            )?))
         } else {
             None
         };
-        let tensors = vec![
-            OutTensor {
-                name: "o".into(),
-                row_len: h * MLA_D_V,
-                data: bf16_out(&self.dev.download(&o)?),
-            },
-            OutTensor {
-                name: "lse".into(),
-                row_len: h,
-                data: self.dev.download(&lse)?,
-            },
-        ];
+        let tensors = runs.remove(0);
         Ok(RunOutput {
             tensors,
+            repeats: runs,
             samples: timed,
             notes: self.take_notes(),
+            ..Default::default()
         })
     }
 }
@@ -448,6 +498,7 @@ impl CudaBackend {
         n: usize,
         eager: bool,
         timing: &TimingOptions,
+        repeats: usize,
     ) -> R<RunOutput> {
         let hk = w.heads;
         let ms = self.module(&kernels::v4_split(hk))?;
@@ -499,10 +550,20 @@ impl CudaBackend {
                     .launch(cfg((launch_rows as u32 * hk as u32, 1, 1), 128, 0))
             }
         };
-        split()?;
-        merge(&mut o, &mut lse)?;
-        self.dev.sync()?;
-        let mut tensors = self.v4_outputs(w, &o, &lse, "")?;
+        let scratch = || -> R<()> {
+            dev.fill_u32_scratch(&part_o, POISON_BITS)?;
+            dev.fill_u32_scratch(&part_lse, POISON_BITS)
+        };
+        let mut runs = Vec::with_capacity(repeats.max(1));
+        for _ in 0..repeats.max(1) {
+            self.poison(&mut o, &mut lse)?;
+            scratch()?;
+            split()?;
+            merge(&mut o, &mut lse)?;
+            self.dev.sync()?;
+            runs.push(self.v4_outputs(w, &o, &lse, "")?);
+        }
+        let mut tensors = runs.remove(0);
         let timed = if timing.enabled {
             Some(self.kernel_and_variant(timing, |variant| {
                 split().and_then(|_| if variant { merge(&mut o, &mut lse) } else { Ok(()) })
@@ -515,6 +576,7 @@ impl CudaBackend {
             for (s, ws) in w.steps.iter().enumerate() {
                 self.fill_v4(&mut inp, ws)?;
                 self.poison(&mut o, &mut lse)?;
+                scratch()?;
                 self.dev.replay(&graph)?;
                 self.dev.sync()?;
                 tensors.extend(self.v4_outputs(ws, &o, &lse, &format!(".step{}", s + 1))?);
@@ -522,12 +584,18 @@ impl CudaBackend {
         }
         Ok(RunOutput {
             tensors,
+            repeats: runs,
             samples: timed,
             notes: self.take_notes(),
+            ..Default::default()
         })
     }
 
-    fn run_hca(&mut self, w: &V4Workload, parts: usize, timing: &TimingOptions) -> R<RunOutput> {
+    /// hca_persist. Its counters must be back at zero after every launch (the
+    /// last finisher resets them): each launch's check is recorded, counters
+    /// left behind are cleared, and the next launch or replay step still runs,
+    /// so the report shows which ones fail.
+    fn run_hca(&mut self, w: &V4Workload, parts: usize, timing: &TimingOptions, repeats: usize) -> R<RunOutput> {
         let hk = w.heads;
         let m = self.module(&kernels::hca_persist(hk))?;
         let k = m.kernel("hca_persist")?;
@@ -566,22 +634,31 @@ impl CudaBackend {
                         .launch(cfg(grid, 256, smem))
                 }
             };
-        let at_rest = |dev: &super::CudaDevice, counters: &DeviceBuffer<i32>| -> R<()> {
-            let left = dev.download(counters)?.iter().filter(|&&c| c != 0).count();
-            if left > 0 {
-                return Err(BackendError::Failed(format!(
-                    "hca_persist left {left} row counters non-zero; the last finisher must reset them"
-                )));
-            }
-            Ok(())
+        // Workspace slots start as poison, so a merge that reads a piece
+        // before it was written shows; the counters must be zero already.
+        let scratch = || -> R<()> {
+            dev.fill_u32_scratch(&o_acc, POISON_BITS)?;
+            dev.fill_u32_scratch(&lse_acc, POISON_BITS)
         };
-        launch(&mut counters, &mut o, &mut lse)?;
-        self.dev.sync()?;
-        at_rest(&self.dev, &counters)?;
-        let mut tensors = self.v4_outputs(w, &o, &lse, "")?;
+        let mut checks = Vec::new();
+        let mut runs = Vec::with_capacity(repeats.max(1));
+        for r in 0..repeats.max(1) {
+            self.poison(&mut o, &mut lse)?;
+            scratch()?;
+            launch(&mut counters, &mut o, &mut lse)?;
+            self.dev.sync()?;
+            let name = if r == 0 {
+                "counters".to_string()
+            } else {
+                format!("counters.launch{}", r + 1)
+            };
+            checks.push(counters_at_rest(&self.dev, &mut counters, name)?);
+            runs.push(self.v4_outputs(w, &o, &lse, "")?);
+        }
+        let mut tensors = runs.remove(0);
         let timed = if timing.enabled {
             let s = self.time_region(timing, || Ok(()), |_| launch(&mut counters, &mut o, &mut lse))?;
-            at_rest(&self.dev, &counters)?;
+            checks.push(counters_at_rest(&self.dev, &mut counters, "counters.timed".into())?);
             Some(one_kernel(s))
         } else {
             None
@@ -591,20 +668,33 @@ impl CudaBackend {
             for (s, ws) in w.steps.iter().enumerate() {
                 self.fill_v4(&mut inp, ws)?;
                 self.poison(&mut o, &mut lse)?;
+                scratch()?;
                 self.dev.replay(&graph)?;
                 self.dev.sync()?;
-                at_rest(&self.dev, &counters)?;
+                checks.push(counters_at_rest(
+                    &self.dev,
+                    &mut counters,
+                    format!("counters.step{}", s + 1),
+                )?);
                 tensors.extend(self.v4_outputs(ws, &o, &lse, &format!(".step{}", s + 1))?);
             }
         }
         Ok(RunOutput {
             tensors,
+            repeats: runs,
+            device_checks: checks,
             samples: timed,
             notes: self.take_notes(),
         })
     }
 
-    fn run_split_merge(&mut self, w: &V4Workload, s: &SplitMergeInputs, timing: &TimingOptions) -> R<RunOutput> {
+    fn run_split_merge(
+        &mut self,
+        w: &V4Workload,
+        s: &SplitMergeInputs,
+        timing: &TimingOptions,
+        repeats: usize,
+    ) -> R<RunOutput> {
         let m = self.module(&kernels::merge())?;
         let k = m.kernel("split_merge")?;
         let (rows, h, d) = (s.rows.len(), s.heads, V4_D);
@@ -618,7 +708,7 @@ impl CudaBackend {
         let (mut o, mut lse) = self.poisoned_out(rows, h)?;
         let (ri, hi) = (rows as i32, h as i32);
         let dev = &self.dev;
-        let mut launch = || -> R<()> {
+        let launch = |o: &mut DeviceBuffer<u16>, lse: &mut DeviceBuffer<f32>| -> R<()> {
             // SAFETY: matches split_merge in kernels/ABI.md: rows*n slots of [H, 512].
             unsafe {
                 dev.launch(k)
@@ -628,65 +718,98 @@ impl CudaBackend {
                     .arg(&sink)
                     .arg(&ri)
                     .arg(&hi)
-                    .arg(&mut o)
-                    .arg(&mut lse)
+                    .arg(o)
+                    .arg(lse)
                     .launch(cfg(((rows * h) as u32, 1, 1), 128, 0))
             }
         };
-        launch()?;
+        let mut runs = Vec::with_capacity(repeats.max(1));
+        for _ in 0..repeats.max(1) {
+            self.poison(&mut o, &mut lse)?;
+            launch(&mut o, &mut lse)?;
+            self.dev.sync()?;
+            // Scatter the compact rows back to their row ids, like the other V4 outputs.
+            let oc = bf16_out(&self.dev.download(&o)?);
+            let lc = self.dev.download(&lse)?;
+            let mut of = vec![f32::from_bits(POISON_BITS); w.t * h * d];
+            let mut lf = vec![f32::from_bits(POISON_BITS); w.t * h];
+            for (k, &i) in s.rows.iter().enumerate() {
+                of[i * h * d..(i + 1) * h * d].copy_from_slice(&oc[k * h * d..(k + 1) * h * d]);
+                lf[i * h..(i + 1) * h].copy_from_slice(&lc[k * h..(k + 1) * h]);
+            }
+            runs.push(vec![
+                OutTensor {
+                    name: "o".into(),
+                    row_len: h * d,
+                    data: of,
+                },
+                OutTensor {
+                    name: "lse".into(),
+                    row_len: h,
+                    data: lf,
+                },
+            ]);
+        }
         let timed = if timing.enabled {
-            Some(one_kernel(self.time_region(timing, || Ok(()), |_| launch())?))
+            Some(one_kernel(self.time_region(
+                timing,
+                || Ok(()),
+                |_| launch(&mut o, &mut lse),
+            )?))
         } else {
             None
         };
-        // Scatter the compact rows back to their row ids, like the other V4 outputs.
-        let oc = bf16_out(&self.dev.download(&o)?);
-        let lc = self.dev.download(&lse)?;
-        let mut of = vec![f32::from_bits(POISON_BITS); w.t * h * d];
-        let mut lf = vec![f32::from_bits(POISON_BITS); w.t * h];
-        for (k, &i) in s.rows.iter().enumerate() {
-            of[i * h * d..(i + 1) * h * d].copy_from_slice(&oc[k * h * d..(k + 1) * h * d]);
-            lf[i * h..(i + 1) * h].copy_from_slice(&lc[k * h..(k + 1) * h]);
-        }
-        let tensors = vec![
-            OutTensor {
-                name: "o".into(),
-                row_len: h * d,
-                data: of,
-            },
-            OutTensor {
-                name: "lse".into(),
-                row_len: h,
-                data: lf,
-            },
-        ];
+        let tensors = runs.remove(0);
         Ok(RunOutput {
             tensors,
+            repeats: runs,
             samples: timed,
             notes: self.take_notes(),
+            ..Default::default()
         })
     }
 
     /// Dispatches one variant run.
     pub(super) fn run_request(&mut self, req: &RunRequest) -> R<RunOutput> {
+        let n = req.repeats.max(1);
         match (req.workload, req.plan) {
             (Workload::Mla(w), VariantPlan::Ps1 { kernel_heads, ranks }) => {
-                self.run_ps1(w, *kernel_heads, ranks, req.timing)
+                self.run_ps1(w, *kernel_heads, ranks, req.timing, n)
             }
             (Workload::Mla(w), VariantPlan::Page64 { kernel_heads, splits }) => {
-                self.run_page64(w, *kernel_heads, splits, req.timing)
+                self.run_page64(w, *kernel_heads, splits, req.timing, n)
             }
-            (Workload::Mla(_), VariantPlan::DcpCombine(c)) => self.run_combine(c, req.timing),
+            (Workload::Mla(_), VariantPlan::DcpCombine(c)) => self.run_combine(c, req.timing, n),
             (Workload::V4(w), VariantPlan::V4Split(s)) => {
-                self.run_v4_split(w, &s.split_indptr, s.n, req.case.v4.eager, req.timing)
+                self.run_v4_split(w, &s.split_indptr, s.n, req.case.v4.eager, req.timing, n)
             }
-            (Workload::V4(w), VariantPlan::HcaPersist { partitions, .. }) => self.run_hca(w, *partitions, req.timing),
-            (Workload::V4(w), VariantPlan::SplitMerge(s)) => self.run_split_merge(w, s, req.timing),
+            (Workload::V4(w), VariantPlan::HcaPersist { partitions, .. }) => {
+                self.run_hca(w, *partitions, req.timing, n)
+            }
+            (Workload::V4(w), VariantPlan::SplitMerge(s)) => self.run_split_merge(w, s, req.timing, n),
             _ => Err(BackendError::Unsupported(
                 "plan does not match the workload family".into(),
             )),
         }
     }
+}
+
+/// Whether hca_persist's row counters are back at zero after a launch; any
+/// left over are cleared so the next launch starts from rest.
+fn counters_at_rest(dev: &super::CudaDevice, counters: &mut DeviceBuffer<i32>, name: String) -> R<DeviceCheck> {
+    let left = dev.download(counters)?.iter().filter(|&&c| c != 0).count();
+    if left > 0 {
+        dev.fill_u32(counters, 0)?;
+    }
+    Ok(DeviceCheck {
+        name,
+        pass: left == 0,
+        why: if left == 0 {
+            String::new()
+        } else {
+            format!("{left} row counters non-zero after the launch; the last finisher must reset them (cleared for the next launch)")
+        },
+    })
 }
 
 #[cfg(test)]

@@ -243,6 +243,10 @@ impl Backend for CudaBackend {
     fn run(&mut self, req: &RunRequest) -> Result<RunOutput, BackendError> {
         self.run_request(req)
     }
+
+    fn free_memory(&self) -> Option<u64> {
+        self.dev.mem_info().ok().map(|(free, _)| free as u64)
+    }
 }
 
 /// The ceiling probes' kernel configuration (compiled by `kernels --check` too).
