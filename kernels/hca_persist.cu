@@ -49,20 +49,20 @@ __device__ int row_pieces(long long st, long long en, long long total, int parts
 
 // Minimum tokens per partition: below it a CTA's fixed cost (Q load,
 // pipeline fill, partial write, merge) outweighs the parallelism it buys.
+// The host's plan (hca_partition_plan) needs the same value, so the host
+// passes it from its one constant.
 #ifndef HCA_MIN_TOKENS
-#define HCA_MIN_TOKENS 64
+#error "the host sets HCA_MIN_TOKENS"
 #endif
-// Partitions per head group, at most: one wave of one CTA per SM.
-#ifndef HCA_WAVES
-#define HCA_WAVES 1
-#endif
+static_assert(HCA_MIN_TOKENS >= 1, "HCA_MIN_TOKENS must be positive");
 
-// The partitions this call uses: P_eff = min(parts, waves * SMs / head groups,
-// ceil(total / HCA_MIN_TOKENS)), >= 1. CTAs with p >= P_eff exit at once.
+// The partitions this call uses: P_eff = min(parts, SMs / head groups,
+// ceil(total / HCA_MIN_TOKENS)), >= 1: at most one wave of one CTA per SM.
+// CTAs with p >= P_eff exit at once.
 __device__ __forceinline__ int effective_parts(long long total, int parts) {
   unsigned nsm;
   asm("mov.u32 %0, %%nsmid;" : "=r"(nsm));
-  long long pe = static_cast<long long>(HCA_WAVES) * nsm / gridDim.x;
+  long long pe = static_cast<long long>(nsm) / gridDim.x;
   const long long by_work = (total + HCA_MIN_TOKENS - 1) / HCA_MIN_TOKENS;
   if (by_work < pe) pe = by_work;
   if (parts < pe) pe = parts;

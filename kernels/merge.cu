@@ -1,5 +1,5 @@
 // LSE-merge kernels (SPEC section 1 combine; section 2 sink). No defines.
-// ABI: kernels/ABI-kmla.md.
+// ABI: kernels/ABI.md.
 #include "common/merge.cuh"
 
 using namespace mla;

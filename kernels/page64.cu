@@ -1,7 +1,7 @@
 // page64: non-persistent MLA decode fallback, page size 64, bottom-right
 // mask on local positions; grid over (head group of 16, split, sequence);
 // f32 partials + page64_merge when n_splits > 1.
-// ABI: kernels/ABI.md. Defines: HK, KV_FP8, MT, WARPS, GROUPS, BN, STAGES, QSMEM, FP8_CVT.
+// ABI: kernels/ABI.md. Defines: HK, KV_FP8, MT, WARPS, GROUPS, BN, STAGES, QSMEM (common/mla_core.cuh).
 #include "common/merge.cuh"
 #include "common/mla_core.cuh"
 #include "common/pdl.cuh"
@@ -20,11 +20,7 @@ extern "C" __global__ void __launch_bounds__(mla::THREADS, 1)
   check_smem();
   pdl_launch_dependents();
   const float scale_log2 = sm_scale * q_scale * kv_scale * LOG2E;
-#if KV_FP8
-  const float out_scale = kv_scale * V_F16_SCALE;
-#else
   const float out_scale = kv_scale;
-#endif
   const int hg = blockIdx.x, s = blockIdx.y, b = blockIdx.z;
   const int p0 = kv_indptr[b], np = kv_indptr[b + 1] - p0;
   const int len = np > 0 ? (np - 1) * 64 + kv_last_page_len[b] : 0;

@@ -9,12 +9,6 @@
 
 #include <cuda_bf16.h>
 
-#ifndef MLAB_MMA_CHAINS
-// Independent accumulator chains per warp: enough mma.sync in flight to
-// cover the instruction's latency with 8 warps per block.
-#define MLAB_MMA_CHAINS 8
-#endif
-
 typedef unsigned long long u64;
 
 // Grid-stride 16-byte copy; four loads in flight per thread before the stores.
@@ -110,25 +104,31 @@ __device__ __forceinline__ unsigned mlab_rand_bf16x2(unsigned seed) {
 
 // Register-resident mma.sync m16n8k16 bf16 x bf16 -> f32 loop: the dense
 // tensor rate our kernels (which use mma.sync, not wgmma) can reach.
-// FLOP per launch = (threads / 32) * iters * MLAB_MMA_CHAINS * 4096.
+// FLOP per launch = (threads / 32) * iters * MMA_CHAINS * 4096.
 // Each thread writes the sum of its accumulators to out[thread] so that
 // nothing is dead code.
 extern "C" __global__ void __launch_bounds__(256)
     mlab_mma_bf16(float* __restrict__ out, int iters, unsigned seed) {
+    // Independent accumulator chains per warp: enough mma.sync in flight to
+    // cover the instruction's latency with 8 warps per block. The host counts
+    // the FLOP with it: MMA_CHAINS in src/backend/cuda/ceilings.rs must match.
+    // (A function-local constant: NVRTC emits every namespace-scope one as a
+    // device global.)
+    constexpr int MMA_CHAINS = 8;
     const unsigned tid = blockIdx.x * blockDim.x + threadIdx.x;
     const unsigned base = mlab_hash(seed ^ (tid * 0x9e3779b9U));
     const unsigned a0 = mlab_rand_bf16x2(base + 1), a1 = mlab_rand_bf16x2(base + 2);
     const unsigned a2 = mlab_rand_bf16x2(base + 3), a3 = mlab_rand_bf16x2(base + 4);
     const unsigned b0 = mlab_rand_bf16x2(base + 5), b1 = mlab_rand_bf16x2(base + 6);
-    float acc[MLAB_MMA_CHAINS][4];
+    float acc[MMA_CHAINS][4];
 #pragma unroll
-    for (int c = 0; c < MLAB_MMA_CHAINS; ++c) {
+    for (int c = 0; c < MMA_CHAINS; ++c) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) acc[c][j] = 0.0f;
     }
     for (int it = 0; it < iters; ++it) {
 #pragma unroll
-        for (int c = 0; c < MLAB_MMA_CHAINS; ++c) {
+        for (int c = 0; c < MMA_CHAINS; ++c) {
             asm volatile(
                 "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
@@ -138,7 +138,7 @@ extern "C" __global__ void __launch_bounds__(256)
     }
     float s = 0.0f;
 #pragma unroll
-    for (int c = 0; c < MLAB_MMA_CHAINS; ++c) {
+    for (int c = 0; c < MMA_CHAINS; ++c) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) s += acc[c][j];
     }

@@ -1,6 +1,6 @@
 // ps1: persistent MLA decode, page size 1, causal mask on global (DCP
 // round-robin) positions, host-built work list; f32 partials + reduce.
-// ABI: kernels/ABI.md. Defines: HK, KV_FP8, MT, WARPS, GROUPS, BN, STAGES, QSMEM, FP8_CVT.
+// ABI: kernels/ABI.md. Defines: HK, KV_FP8, MT, WARPS, GROUPS, BN, STAGES, QSMEM, LD_LINES, EARLY_Q (common/mla_core.cuh).
 #include "common/merge.cuh"
 #include "common/mla_core.cuh"
 #include "common/pdl.cuh"
@@ -20,11 +20,7 @@ extern "C" __global__ void __launch_bounds__(mla::THREADS, 1)
   check_smem();
   pdl_launch_dependents();
   const float scale_log2 = sm_scale * q_scale * kv_scale * LOG2E;
-#if KV_FP8
-  const float out_scale = kv_scale * V_F16_SCALE;
-#else
   const float out_scale = kv_scale;
-#endif
   // Item blockIdx.x is read with work_indptr, not after it: the balanced
   // plan gives CTA c item c first whenever it has at least as many items as
   // busy CTAs, so one dependent round trip leaves the CTA's start. The host

@@ -20,9 +20,17 @@ use crate::case::{
     Case, CaseParams, Dtype, LayerType, MlaParams, V4Params, MLA_D_QK, MLA_D_V, V4_D, V4_D_ROPE, V4_REPLAY_GROWTH,
     V4_WINDOW,
 };
-use crate::plan::{heads, split, v4 as pv4, worklist};
-use crate::variants::{self, Decision, VariantId, VariantPlan};
-use crate::workload::{dcp, v4::POOL_ROW_CAP};
+use crate::variants::hca_persist::plan as hca;
+use crate::variants::hca_persist::{self as hca_unit, HcaPersistPlan};
+use crate::variants::heads;
+use crate::variants::page64::split;
+use crate::variants::page64::{self as page64_unit, Page64Plan};
+use crate::variants::ps1::worklist;
+use crate::variants::ps1::{self as ps1_unit, Ps1Plan};
+use crate::variants::v4_split::plan as pv4;
+use crate::variants::v4_split::plan::SplitPlan;
+use crate::variants::{self, dcp_combine, split_merge, v4_split, Decision, Plan};
+use crate::workload::v4::POOL_ROW_CAP;
 
 /// Bytes a case needs, by where they live, with the parts named for messages.
 ///
@@ -572,7 +580,7 @@ impl Rank {
         let mut k = Rank::default();
         let Some(r) = r else { return k };
         for &l in &p.ctx {
-            let n = dcp::local_len(r, l, p.dcp_world, p.interleave);
+            let n = p.dcp.local_len(r, l);
             k.tokens += n as u128;
             k.pages += n.div_ceil(p.page_size) as u128;
             k.other_pages += n.div_ceil(other_ps) as u128;
@@ -602,28 +610,29 @@ enum MlaRun {
 }
 
 fn mla_run(case: &Case, p: &MlaParams, dec: &Decision, h: usize) -> MlaRun {
-    let small = p.batch <= PLAN_CAP && p.dcp_world <= PLAN_RANKS_CAP;
+    let small = p.batch <= PLAN_CAP && p.dcp.world <= PLAN_RANKS_CAP;
+    let planned = || case.variant.unit().plan(case, dec, None).ok();
     match case.variant {
-        VariantId::DcpCombine => MlaRun::Combine,
-        VariantId::Ps1 if small => match variants::plan(case, dec) {
-            Ok(VariantPlan::Ps1 { kernel_heads, ranks }) => MlaRun::Ps1 {
-                hk: u(kernel_heads),
-                ranks: Some(ranks),
+        dcp_combine::ID => MlaRun::Combine,
+        ps1_unit::ID if small => match planned().as_ref().and_then(Plan::of::<Ps1Plan>) {
+            Some(Ps1Plan { kernel_heads, ranks }) => MlaRun::Ps1 {
+                hk: u(*kernel_heads),
+                ranks: Some(ranks.clone()),
             },
-            _ => MlaRun::Fails,
+            None => MlaRun::Fails,
         },
-        VariantId::Page64 if small => match variants::plan(case, dec) {
-            Ok(VariantPlan::Page64 { kernel_heads, splits }) => MlaRun::Page64 {
-                hk: u(kernel_heads),
-                splits: Some(splits),
+        page64_unit::ID if small => match planned().as_ref().and_then(Plan::of::<Page64Plan>) {
+            Some(Page64Plan { kernel_heads, splits }) => MlaRun::Page64 {
+                hk: u(*kernel_heads),
+                splits: Some(splits.clone()),
             },
-            _ => MlaRun::Fails,
+            None => MlaRun::Fails,
         },
-        VariantId::Ps1 => match heads::kernel_heads(h, p.s_q) {
+        ps1_unit::ID => match heads::kernel_heads(h, p.s_q) {
             Ok(hk) => MlaRun::Ps1 { hk: u(hk), ranks: None },
             Err(_) => MlaRun::Fails,
         },
-        VariantId::Page64 => match heads::page64_heads(h) {
+        page64_unit::ID => match heads::page64_heads(h) {
             Ok(hk) => MlaRun::Page64 {
                 hk: u(hk),
                 splits: None,
@@ -646,13 +655,13 @@ fn mla(case: &Case, p: &MlaParams, opts: &Options) -> R<Live> {
     let mut live = Live::default();
     // The build refuses these before allocating; a world or interleave of 0
     // has no shards to size.
-    if p.ctx.len() != p.batch || !matches!(p.page_size, 1 | 64) || p.dcp_world == 0 || p.interleave == 0 {
+    if p.ctx.len() != p.batch || !matches!(p.page_size, 1 | 64) || p.dcp.world == 0 || p.dcp.interleave == 0 {
         return Ok(live);
     }
     let cuda = opts.target == Target::Cuda;
     let fp8 = p.dtype == Dtype::Fp8;
     let eb: u64 = if fp8 { 1 } else { 2 };
-    let (b, w, s_q, ps) = (u(p.batch), u(p.dcp_world), u(p.s_q), u(p.page_size));
+    let (b, w, s_q, ps) = (u(p.batch), u(p.dcp.world), u(p.s_q), u(p.page_size));
     let h = mul("gathered heads (heads_local x dcp_world)", &[u(p.heads_local), w])?;
     let tq128 = u128::from(b) * u128::from(s_q);
     i32_fits("query rows (batch x s_q)", tq128, "the kernels' qo_indptr type")?;
@@ -662,7 +671,7 @@ fn mla(case: &Case, p: &MlaParams, opts: &Options) -> R<Live> {
         u128::from(b) + 1,
         "work items and indptrs index sequences in i32",
     )?;
-    if case.variant == VariantId::Ps1 {
+    if case.variant == ps1_unit::ID {
         i32_fits(
             "persistent CTAs (cus)",
             case.cus as u128 + 1,
@@ -674,7 +683,7 @@ fn mla(case: &Case, p: &MlaParams, opts: &Options) -> R<Live> {
     let l_tot = l_tot as u64;
     let l_max = p.ctx.iter().copied().max().unwrap_or(0);
     // dcp::local_len multiplies them in usize.
-    mul("dcp_world x interleave", &[w, u(p.interleave)])?;
+    mul("dcp_world x interleave", &[w, u(p.dcp.interleave)])?;
 
     let dec = variants::decide(case);
     if dec.skip.is_some() {
@@ -766,7 +775,7 @@ fn mla(case: &Case, p: &MlaParams, opts: &Options) -> R<Live> {
 
     // Ranks past `eff` hold no token (r * S reaches every length); they are
     // sized once and counted `w - eff` times.
-    let s = u(p.interleave);
+    let s = u(p.dcp.interleave);
     let eff = if l_max == 0 { 0 } else { w.min(u(l_max).div_ceil(s)) };
     let other_ps = if p.page_size == 1 { 64 } else { 1 };
     let passes = (0..eff as usize)
@@ -827,7 +836,7 @@ fn mla(case: &Case, p: &MlaParams, opts: &Options) -> R<Live> {
         let mut view = View::default();
         mla_groups(p, &chk, |bb, rows, i| {
             let vis = mla_vis(p.ctx[bb], p.s_q, i);
-            let local = r.map_or(0, |r| dcp::local_len(r, vis, p.dcp_world, p.interleave));
+            let local = r.map_or(0, |r| p.dcp.local_len(r, vis));
             view.group(rows, u(local))
         })?;
         live.referencing.keep_larger(view.scratch(h, DQK, DV, n_rows)?)?;
@@ -1098,7 +1107,7 @@ fn mla(case: &Case, p: &MlaParams, opts: &Options) -> R<Live> {
         }
         MlaRun::Fails => {}
     }
-    if fp8 && case.variant != VariantId::DcpCombine {
+    if fp8 && case.variant != dcp_combine::ID {
         let mut q = Parts::default();
         q.host(
             "checks: quantization-noise copies",
@@ -1254,37 +1263,44 @@ fn v4_run(case: &Case, p: &V4Params, dec: &Decision, total: u128) -> V4Run {
         indptr: u(p.padded_rows.max(p.rows)) + 1,
     };
     match case.variant {
-        VariantId::SplitMerge => V4Run::Merge { n: v4_split_n(case, p) },
-        VariantId::V4Split | VariantId::HcaPersist if small => match variants::plan(case, dec) {
-            Ok(VariantPlan::V4Split(sp)) => V4Run::Split {
-                n: u(sp.n),
-                indptr: u(sp.split_indptr.len()),
-            },
-            Ok(VariantPlan::HcaPersist { plan, .. }) => V4Run::Hca {
-                parts: u(plan.partitions),
-                pieces: u(plan.pieces.len()),
-            },
-            _ => V4Run::Fails,
-        },
-        VariantId::HcaPersist if dec.fallback.is_none() => {
+        split_merge::ID => V4Run::Merge { n: v4_split_n(case, p) },
+        v4_split::ID | hca_unit::ID if small => {
+            let Ok(plan) = case.variant.unit().plan(case, dec, None) else {
+                return V4Run::Fails;
+            };
+            if let Some(sp) = plan.of::<SplitPlan>() {
+                V4Run::Split {
+                    n: u(sp.n),
+                    indptr: u(sp.split_indptr.len()),
+                }
+            } else if let Some(HcaPersistPlan { plan, .. }) = plan.of::<HcaPersistPlan>() {
+                V4Run::Hca {
+                    parts: u(plan.partitions),
+                    pieces: u(plan.pieces.len()),
+                }
+            } else {
+                V4Run::Fails
+            }
+        }
+        hca_unit::ID if dec.fallback.is_none() => {
             if case.v4.partitions == 0 {
                 return V4Run::Fails;
             }
             let total = total.min(usize::MAX as u128) as usize;
-            let parts = pv4::hca_effective_partitions(case.v4.partitions, total, case.cus, p.kernel_heads());
+            let parts = hca::hca_effective_partitions(case.v4.partitions, total, case.cus, p.kernel_heads());
             V4Run::Hca {
                 parts: u(parts),
                 pieces: u(p.rows) + u(parts),
             }
         }
-        VariantId::V4Split | VariantId::HcaPersist => split(v4_split_n(case, p)),
+        v4_split::ID | hca_unit::ID => split(v4_split_n(case, p)),
         _ => V4Run::Fails,
     }
 }
 
 /// Host bytes of an hca plan and the scratch of building and checking it.
 fn hca_plan_bytes(rows: u64, parts: u64, pieces: u64) -> R<(u64, u64)> {
-    let piece = std::mem::size_of::<pv4::Piece>() as u64;
+    let piece = std::mem::size_of::<hca::Piece>() as u64;
     let w = "hca plan";
     let plan = add(
         w,
@@ -1324,9 +1340,9 @@ fn v4(case: &Case, p: &V4Params, opts: &Options) -> R<Live> {
     if dec.skip.is_some() {
         return Ok(live);
     }
-    let splits = case.variant == VariantId::SplitMerge
-        || case.variant == VariantId::V4Split
-        || (case.variant == VariantId::HcaPersist && dec.fallback.is_some());
+    let splits = case.variant == split_merge::ID
+        || case.variant == v4_split::ID
+        || (case.variant == hca_unit::ID && dec.fallback.is_some());
     if splits {
         i32_fits(
             "split table entries (16 x T)",
@@ -1338,7 +1354,7 @@ fn v4(case: &Case, p: &V4Params, opts: &Options) -> R<Live> {
     let steps_n = p.replay;
     let mut steps = Vec::with_capacity(steps_n.min(1 << 16) + 1);
     for s in 0..=steps_n {
-        match v4_step(p, s, &chk, s == 0 && case.variant == VariantId::SplitMerge)? {
+        match v4_step(p, s, &chk, s == 0 && case.variant == split_merge::ID)? {
             Some(st) => steps.push(st),
             None if s == 0 => return Ok(live),
             None => {}
@@ -1582,7 +1598,7 @@ fn v4(case: &Case, p: &V4Params, opts: &Options) -> R<Live> {
             } else {
                 for st in &steps {
                     let total = (st.entries.min(u128::from(u64::MAX)) as u64).max(1);
-                    let p_eff = u(pv4::hca_effective_partitions(
+                    let p_eff = u(hca::hca_effective_partitions(
                         case.v4.partitions.max(1),
                         total.min(usize::MAX as u64) as usize,
                         case.cus,
@@ -1761,10 +1777,10 @@ mod tests {
         let mut n = bytes(&rows);
         match wl {
             Workload::Mla(w) => {
-                let ranks: Vec<RefOut> = (0..w.p.dcp_world)
+                let ranks: Vec<RefOut> = (0..w.p.dcp.world)
                     .map(|r| reference::mla::rank(w, r, &rows, Inputs::Dequantized).unwrap())
                     .collect();
-                let full = if w.p.dcp_world == 1 {
+                let full = if w.p.dcp.world == 1 {
                     ranks[0].clone()
                 } else {
                     reference::mla::full(w, &rows, Inputs::Dequantized).unwrap()
@@ -1773,7 +1789,7 @@ mod tests {
                 if w.p.dtype == Dtype::Fp8 {
                     n += ref_bytes(&reference::mla::full(w, &rows, Inputs::Unquantized).unwrap());
                 }
-                if case.variant == VariantId::DcpCombine {
+                if case.variant == dcp_combine::ID {
                     // bf16 o and f32 lse of every rank, and the rows.
                     n += ranks
                         .iter()
@@ -1788,7 +1804,7 @@ mod tests {
                 for s in &w.steps {
                     n += ref_bytes(&reference::v4::attend(s, &rows, Inputs::Dequantized));
                 }
-                if case.variant == VariantId::SplitMerge {
+                if case.variant == split_merge::ID {
                     let p = &w.p;
                     let bound = pv4::kv_len_bound(p.layer, p.index_topk, p.max_model_len);
                     let sn = pv4::v4_split_plan(p.rows, p.padded_rows, w.heads, bound, case.cus, case.v4.splits).n;
@@ -1871,7 +1887,7 @@ mod tests {
             .filter(|c| variants::decide(c).skip.is_none())
             .collect();
         let pages: std::collections::BTreeSet<usize> = cs.iter().map(|c| c.mla().unwrap().page_size).collect();
-        let worlds: std::collections::BTreeSet<usize> = cs.iter().map(|c| c.mla().unwrap().dcp_world).collect();
+        let worlds: std::collections::BTreeSet<usize> = cs.iter().map(|c| c.mla().unwrap().dcp.world).collect();
         assert_eq!(pages.into_iter().collect::<Vec<_>>(), vec![1, 64]);
         assert_eq!(worlds.into_iter().collect::<Vec<_>>(), vec![1, 2, 8]);
         assert!(cs.len() >= 12, "{} cases", cs.len());
@@ -1913,7 +1929,7 @@ mod tests {
         assert!(cs.iter().all(|c| c.v4().unwrap().replay == 2));
         assert!(
             cs.iter()
-                .any(|c| c.variant == VariantId::HcaPersist && variants::decide(c).fallback.is_none()),
+                .any(|c| c.variant == hca_unit::ID && variants::decide(c).fallback.is_none()),
             "an hca_persist case that runs its own plan"
         );
         check_bounds(&cs, None);
@@ -2021,7 +2037,7 @@ mod tests {
         );
         // A window-only layer at the same positions lists 128 tokens a row: fine.
         v4_mut(&mut c).layer = LayerType::Swa;
-        c.variant = VariantId::V4Split;
+        c.variant = v4_split::ID;
         assert!(est(&c, &opts(None, Target::Cuda)).is_ok());
     }
 
@@ -2173,7 +2189,7 @@ mod tests {
             "the gate rejects page64 under DCP with s_q > 1"
         );
         assert_eq!(est(&c, &opts(None, Target::Cuda)).unwrap(), Footprint::default());
-        c.variant = VariantId::Ps1;
+        c.variant = ps1_unit::ID;
         mla_mut(&mut c).batch = 3; // ctx has 2 entries: the build refuses it
         assert_eq!(est(&c, &opts(None, Target::Cpu)).unwrap(), Footprint::default());
     }

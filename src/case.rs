@@ -1,12 +1,87 @@
 //! One resolved case: the workload parameters, the variant to run and how to judge it.
 
-use serde::Serialize;
+use serde::{Serialize, Serializer};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
+use std::str::FromStr;
 
+use crate::dcp::Dcp;
 use crate::metrics::Tolerances;
-use crate::plan::gate::TargetProfile;
-use crate::variants::VariantId;
+
+/// A variant's name, as scenarios, filters and report rows spell it. What
+/// it names (its unit in the registry) is `crate::variants`' to say.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct VariantId(pub &'static str);
+
+impl VariantId {
+    pub fn name(self) -> &'static str {
+        self.0
+    }
+}
+
+impl fmt::Display for VariantId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+impl fmt::Debug for VariantId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+impl Serialize for VariantId {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.0)
+    }
+}
+
+/// The hardware a plan is made for. Plans use its CU count; kernels run on
+/// whatever device the backend has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TargetProfile {
+    Gfx950,
+    Gfx1250,
+    Sm90,
+}
+
+impl TargetProfile {
+    pub fn compute_units(self) -> usize {
+        match self {
+            TargetProfile::Gfx950 => 256,
+            TargetProfile::Gfx1250 => 256,
+            TargetProfile::Sm90 => 132,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            TargetProfile::Gfx950 => "gfx950",
+            TargetProfile::Gfx1250 => "gfx1250",
+            TargetProfile::Sm90 => "sm90",
+        }
+    }
+}
+
+impl fmt::Display for TargetProfile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for TargetProfile {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "gfx950" => Ok(TargetProfile::Gfx950),
+            "gfx1250" => Ok(TargetProfile::Gfx1250),
+            "sm90" => Ok(TargetProfile::Sm90),
+            _ => Err(format!("unknown target profile `{s}`; known: gfx950, gfx1250, sm90")),
+        }
+    }
+}
 
 /// Element type of Q and KV for the MLA family. V4 is always native FP8.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
@@ -17,10 +92,10 @@ pub enum Dtype {
 }
 
 /// How the ps1 work list is cut (SPEC §1 fixes the invariants, not the
-/// schedule). `Balanced` (plan/balance.rs) is the default since the H200
-/// measured it (kernels/dev/NOTES.md session 5); `Payload` is aiter's and
-/// FlashMLA's, kept for comparison.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize, clap::ValueEnum)]
+/// schedule). `Balanced` (variants/ps1/balance.rs) is the default: on the
+/// H200 it keeps every CTA's load within one tile pair of the others;
+/// `Payload` is aiter's and FlashMLA's, kept for comparison.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Ps1Schedule {
     /// A fixed payload per CTA in sequence order (may overshoot it by a minimum chunk).
@@ -38,40 +113,22 @@ impl Ps1Schedule {
     }
 }
 
+impl FromStr for Ps1Schedule {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "payload" => Ok(Ps1Schedule::Payload),
+            "balanced" => Ok(Ps1Schedule::Balanced),
+            _ => Err(format!("unknown ps1 schedule `{s}`; use balanced or payload")),
+        }
+    }
+}
+
 impl fmt::Display for Ps1Schedule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Ps1Schedule::Payload => "payload",
             Ps1Schedule::Balanced => "balanced",
-        })
-    }
-}
-
-/// How a two-kernel MLA variant's second kernel (ps1's reduce, page64's
-/// merge) follows its forward (kernels/common/pdl.cuh).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum Handoff {
-    /// Programmatic dependent launch: the second kernel's blocks start
-    /// during the forward and wait for its results on the device.
-    #[default]
-    Pdl,
-    /// Plain stream order: the second kernel launches after the forward.
-    Stream,
-}
-
-impl Handoff {
-    /// Runs made before `--handoff` existed used stream order.
-    pub fn before_choice() -> Self {
-        Handoff::Stream
-    }
-}
-
-impl fmt::Display for Handoff {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Handoff::Pdl => "pdl",
-            Handoff::Stream => "stream",
         })
     }
 }
@@ -143,8 +200,8 @@ pub struct MlaParams {
     /// How the lengths were specified, for ids and tables.
     pub ctx_label: String,
     pub heads_local: usize,
-    pub dcp_world: usize,
-    pub interleave: usize,
+    /// How the context is sharded over the DCP ranks.
+    pub dcp: Dcp,
     pub s_q: usize,
     pub dtype: Dtype,
     pub page_size: usize,
@@ -155,10 +212,14 @@ pub struct MlaParams {
 impl MlaParams {
     /// Gathered heads every rank computes: `H_local * W`.
     pub fn heads(&self) -> usize {
-        self.heads_local * self.dcp_world
+        self.heads_local * self.dcp.world
     }
     pub fn total_q(&self) -> usize {
         self.batch * self.s_q
+    }
+    /// `H_local x W = H`, as `mlabench plan` shows the heads.
+    pub fn heads_label(&self) -> String {
+        format!("{}x{}={}", self.heads_local, self.dcp.world, self.heads())
     }
 }
 
@@ -257,6 +318,54 @@ pub struct Case {
 }
 
 impl Case {
+    /// The settings a report row lists under `params`, by name.
+    pub fn params_map(&self) -> BTreeMap<String, String> {
+        let case = self;
+        let mut m = BTreeMap::new();
+        let mut put = |k: &str, v: String| {
+            m.insert(k.to_string(), v);
+        };
+        put("target", case.target.to_string());
+        put("cus", case.cus.to_string());
+        put("seed", case.seed.to_string());
+        match &case.params {
+            CaseParams::Mla(p) => {
+                put("family", "mla".into());
+                put("batch", p.batch.to_string());
+                put("ctx", p.ctx_label.clone());
+                put("ctx_min", p.ctx.iter().min().unwrap_or(&0).to_string());
+                put("ctx_max", p.ctx.iter().max().unwrap_or(&0).to_string());
+                put(
+                    "ctx_mean",
+                    format!("{:.0}", p.ctx.iter().sum::<usize>() as f64 / p.batch.max(1) as f64),
+                );
+                put("heads_local", p.heads_local.to_string());
+                put("heads", p.heads().to_string());
+                put("dcp_world", p.dcp.world.to_string());
+                put("interleave", p.dcp.interleave.to_string());
+                put("s_q", p.s_q.to_string());
+                put("dtype", p.dtype.to_string());
+                put("page_size", p.page_size.to_string());
+            }
+            CaseParams::V4(p) => {
+                put("family", "v4".into());
+                put("layer", p.layer.to_string());
+                put("rows", p.rows.to_string());
+                put("padded_rows", p.padded_rows.to_string());
+                put("heads", p.heads.to_string());
+                put("positions", p.pos_label.clone());
+                put("verify", p.verify.to_string());
+                put("index_topk", p.index_topk.to_string());
+                put("partitions", case.v4.partitions.to_string());
+                put("min_rows", case.v4.min_rows.to_string());
+                if let Some(n) = case.v4.splits {
+                    put("splits", n.to_string());
+                }
+            }
+        }
+        m
+    }
+
     /// The `--case` filter that selects exactly this case's rows.
     pub fn exact_filter(&self) -> String {
         format!("={}", self.id)

@@ -1,9 +1,8 @@
 //! Command-line surface (clap derive only).
 
+use clap::builder::{PossibleValue, PossibleValuesParser};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
-
-use crate::case::{Handoff, Ps1Schedule};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -112,8 +111,8 @@ pub struct RunArgs {
     pub resume: Option<PathBuf>,
     /// How ps1 work lists are cut: balanced (the default) or payload; the
     /// case ids stay the same, so `mlabench ab` can compare the two.
-    #[arg(long, value_enum, default_value_t = Ps1Schedule::Balanced)]
-    pub ps1_schedule: Ps1Schedule,
+    #[arg(long, default_value = "balanced", value_parser = ps1_schedules())]
+    pub ps1_schedule: String,
     /// Compare with this baseline (a run directory or its rows.csv) and exit 1
     /// on a regression; the comparison is also written to the run's compare.md.
     #[arg(long, value_name = "RUN")]
@@ -205,8 +204,8 @@ pub struct PlanArgs {
     #[arg(long)]
     pub items: bool,
     /// How ps1 work lists are cut: balanced (the default) or payload.
-    #[arg(long, value_enum, default_value_t = Ps1Schedule::Balanced)]
-    pub ps1_schedule: Ps1Schedule,
+    #[arg(long, default_value = "balanced", value_parser = ps1_schedules())]
+    pub ps1_schedule: String,
 }
 
 #[derive(Args, Debug)]
@@ -223,7 +222,11 @@ pub struct KernelsArgs {
     /// Compile every kernel configuration without a GPU; exit 1 on any error.
     #[arg(long)]
     pub check: bool,
-    /// Target architecture [default: the device's, or sm_90a without one].
+    /// Compile every configuration and print ptxas's registers, spills,
+    /// stack and static shared memory per entry point (no GPU needed).
+    #[arg(long, conflicts_with = "check")]
+    pub resources: bool,
+    /// Target architecture [default: sm_90a].
     #[arg(long)]
     pub arch: Option<String>,
     #[arg(long, default_value = "kernels")]
@@ -266,8 +269,8 @@ pub struct Execution {
     /// How ps1's reduce and page64's merge follow their forward: pdl
     /// (programmatic dependent launch: launched at the forward's start, they
     /// wait for it on the device) or stream (launched after it).
-    #[arg(long, value_enum, default_value_t = Handoff::Pdl)]
-    pub handoff: Handoff,
+    #[arg(long, default_value = "pdl", value_parser = handoffs())]
+    pub handoff: String,
     /// Untimed launches before the samples.
     #[arg(long, default_value_t = 3)]
     pub warmup: usize,
@@ -289,4 +292,24 @@ pub struct Execution {
     /// Where the CUDA kernel sources live.
     #[arg(long, default_value = "kernels")]
     pub kernels_dir: PathBuf,
+}
+
+/// `--ps1-schedule`'s values; the names parse into `case::Ps1Schedule`.
+fn ps1_schedules() -> PossibleValuesParser {
+    PossibleValuesParser::new([
+        PossibleValue::new("payload")
+            .help("A fixed payload per CTA in sequence order (may overshoot it by a minimum chunk)"),
+        PossibleValue::new("balanced")
+            .help("Whole tile pairs, the smallest per-CTA load a fill in sequence order meets"),
+    ])
+}
+
+/// `--handoff`'s values; the names parse into `backend::Handoff`.
+fn handoffs() -> PossibleValuesParser {
+    PossibleValuesParser::new([
+        PossibleValue::new("pdl").help(
+            "Programmatic dependent launch: the second kernel's blocks start during the forward and wait for its results on the device",
+        ),
+        PossibleValue::new("stream").help("Plain stream order: the second kernel launches after the forward"),
+    ])
 }

@@ -237,7 +237,7 @@ fn splits_rescores_the_committed_h200_timings_with_todays_heuristic() {
         .stdout
         .clone();
     let s = String::from_utf8_lossy(&o);
-    // The claim in README.md and docs/perf-notes.md, from the measured table.
+    // The claim in docs/v4-heuristic.md, from the committed table.
     assert!(
         s.contains("heuristic regret: max 6.7%, mean 1.3% over 28 workloads"),
         "{s}"

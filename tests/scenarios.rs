@@ -6,8 +6,8 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use mlabench::plan::edges::Edge::{self, *};
-use mlabench::variants::{self, VariantId};
+use mlabench::variants::edges::Edge::{self, *};
+use mlabench::variants::{self, dcp_combine, hca_persist, page64, ps1, split_merge, v4_split, VariantId};
 
 /// Edge -> how many eligible, unforced cases of `variant` land on it.
 fn edge_counts(scenario: &str) -> BTreeMap<(VariantId, Edge), usize> {
@@ -18,11 +18,12 @@ fn edge_counts(scenario: &str) -> BTreeMap<(VariantId, Edge), usize> {
         if d.skip.is_some() || d.forced {
             continue;
         }
-        let plan = match case.variant {
-            VariantId::DcpCombine | VariantId::SplitMerge => None,
-            _ => Some(variants::plan(&case, &d).unwrap()),
+        let unit = case.variant.unit();
+        let plan = match unit.plan_note() {
+            Some(_) => None,
+            None => Some(unit.plan(&case, &d, None).unwrap()),
         };
-        for e in variants::edges(&case, plan.as_ref()) {
+        for e in unit.edges(&case, plan.as_ref()) {
             *counts.entry((case.variant, e)).or_insert(0) += 1;
         }
     }
@@ -34,18 +35,15 @@ fn required() -> Vec<(VariantId, Vec<Edge>)> {
     let mut page64 = all_mla.clone();
     page64.extend([OneShortPiece, EmptyPiece]);
     vec![
-        (VariantId::Ps1, all_mla),
-        (VariantId::Page64, page64),
-        (VariantId::DcpCombine, vec![Split, EmptyPiece]),
+        (ps1::ID, all_mla),
+        (page64::ID, page64),
+        (dcp_combine::ID, vec![Split, EmptyPiece]),
         (
-            VariantId::V4Split,
+            v4_split::ID,
             vec![Split, OneTokenPiece, OneShortPiece, EmptyPiece, UnevenPieces],
         ),
-        (VariantId::HcaPersist, vec![Split, OneTokenPiece, UnevenPieces]),
-        (
-            VariantId::SplitMerge,
-            vec![Split, OneTokenPiece, EmptyPiece, UnevenPieces],
-        ),
+        (hca_persist::ID, vec![Split, OneTokenPiece, UnevenPieces]),
+        (split_merge::ID, vec![Split, OneTokenPiece, EmptyPiece, UnevenPieces]),
     ]
 }
 
@@ -65,18 +63,17 @@ fn assert_covers(scenario: &str, variants: &[VariantId]) {
 
 #[test]
 fn smoke_lands_every_variant_on_every_edge_twice() {
-    use VariantId::*;
-    assert_covers(
-        "scenarios/smoke.toml",
-        &[Ps1, Page64, DcpCombine, V4Split, HcaPersist, SplitMerge],
-    );
+    let all: Vec<VariantId> = variants::REGISTRY.iter().map(|u| u.info().id).collect();
+    assert_covers("scenarios/smoke.toml", &all);
 }
 
 #[test]
 fn the_sweeps_land_every_variant_on_every_edge_twice() {
-    use VariantId::*;
-    assert_covers("scenarios/mla-sweep.toml", &[Ps1, Page64, DcpCombine]);
-    assert_covers("scenarios/v4-sweep.toml", &[V4Split, HcaPersist, SplitMerge]);
+    assert_covers("scenarios/mla-sweep.toml", &[ps1::ID, page64::ID, dcp_combine::ID]);
+    assert_covers(
+        "scenarios/v4-sweep.toml",
+        &[v4_split::ID, hca_persist::ID, split_merge::ID],
+    );
 }
 
 #[test]
@@ -87,8 +84,8 @@ fn page64_under_dcp_has_rows_that_can_fail() {
     let n = mlabench::scenario::expand(&sc)
         .cases
         .iter()
-        .filter(|c| c.variant == VariantId::Page64)
-        .filter(|c| c.mla().is_some_and(|p| p.dcp_world > 1))
+        .filter(|c| c.variant == page64::ID)
+        .filter(|c| c.mla().is_some_and(|p| p.dcp.sharded()))
         .filter(|c| {
             let d = variants::decide(c);
             d.skip.is_none() && !d.forced

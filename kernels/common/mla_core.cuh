@@ -19,26 +19,24 @@
 //           shared memory at the end.
 //   BN      tokens per tile (default 64 for fp8, 32 for bf16)
 //   STAGES  cp.async ring depth per group (default 2 with GROUPS=2, else 4)
-//   FP8_CVT e4m3 -> f16 method, see fp8.cuh
 //   QSMEM   bf16 only: 1: Q sits in shared memory, shared by the groups,
 //           and each warp loads its A fragments with ldmatrix per k-step;
 //           0: each warp keeps its Q slice in registers (36 per m-tile).
 //           Default: 1 with GROUPS=2 (512 threads leave 128 registers each).
 //           fp8 always keeps Q in shared memory (the wgmma B operand).
-//   HOIST   fp8: 1 = per-pass address offsets for the loader and the V
-//           ldmatrix, per-tile wgmma descriptors plus constants (v8e:
-//           page64 +1..+8 points, ps1 -4..-7); 0 = per-use arithmetic (v8b)
 //   LD_LINES fp8: 1 = each loader thread takes two tokens (t, t+32)
 //           and 8 lanes cover a token's 128-byte line, so one cp.async
 //           instruction asks for whole lines (320 line requests per tile
 //           instead of 576 half lines); 0 = one token per 4 threads (default)
-//   IDX_AHEAD  tiles between a token's pool-index load and its cp.async
-//           issue (1 or 2; default 1)
-//   TILE_SPLIT with GROUPS=2: 0 = group g takes tiles g, g+2, ... (default);
-//           1 = group 0 the first half of the tiles, group 1 the second
 //   EARLY_Q fp8, or bf16 with QSMEM: 1 = Q's loads go out before the first
 //           KV tiles are requested and are stored after (ps1: -1% at b64
-//           c4096 fp8; page64 lost 2-5% in its loop's codegen, session 7)
+//           c4096 fp8; page64 lost 2-5% in its loop's codegen, so it keeps 0)
+//
+// fp8 computes its addresses once where it can: the loader's and the V
+// ldmatrix's swizzled offsets once per pass, the wgmma descriptors once per
+// tile plus a constant per k-step. That cuts the tile loop's integer work:
+// page64 +2.2..+7.6 points of copy bandwidth; ps1, with LD_LINES, 1.8-4.6%
+// less time and no per-pass spill (8 B without it).
 //
 // Warp roles, within a group (w: warp of the group): for S = Q K^T, bf16: warp w owns dims [144*(w%4), +144) and the
 // token group w/4 of the tile (split-K; the 4 partial S tiles are summed
@@ -74,20 +72,11 @@
 #ifndef STAGES
 #define STAGES (GROUPS == 2 ? 2 : 4)
 #endif
-#ifndef HOIST
-#define HOIST 0
-#endif
-#ifndef IDX_AHEAD
-#define IDX_AHEAD 1
-#endif
 #ifndef LD_LINES
 #define LD_LINES 0
 #endif
 #ifndef QSMEM
 #define QSMEM (GROUPS == 2 && !KV_FP8 ? 1 : 0)
-#endif
-#ifndef TILE_SPLIT
-#define TILE_SPLIT 0
 #endif
 #ifndef EARLY_Q
 #define EARLY_Q 0
@@ -100,10 +89,7 @@ static_assert(WARPS == 8 || WARPS == 16, "WARPS must be 8 or 16");
 static_assert(MT == 1 || WARPS == 8, "MT=2 needs WARPS=8 (16 warps would spill)");
 static_assert(GROUPS == 1 || (GROUPS == 2 && WARPS == 16), "GROUPS=2 needs WARPS=16 (two groups of 8)");
 static_assert(BN == 16 || BN == 32 || BN == 64, "BN must be 16, 32 or 64");
-static_assert(IDX_AHEAD == 1 || IDX_AHEAD == 2, "IDX_AHEAD must be 1 or 2");
-static_assert(TILE_SPLIT == 0 || TILE_SPLIT == 1, "TILE_SPLIT must be 0 or 1");
 static_assert(QSMEM == 0 || QSMEM == 1, "QSMEM must be 0 or 1");
-static_assert(HOIST == 0 || HOIST == 1, "HOIST must be 0 or 1");
 static_assert(EARLY_Q == 0 || EARLY_Q == 1, "EARLY_Q must be 0 or 1");
 static_assert(LD_LINES == 0 || KV_FP8, "LD_LINES is an fp8 loader");
 static_assert(!KV_FP8 || QSMEM == 0, "fp8 keeps Q in shared memory as e4m3: QSMEM is for bf16");
@@ -199,9 +185,9 @@ struct Pass {
 };
 
 // The pool entry of token j: its row (page size 1) or its page (64). Kept as
-// the loaded int until the cp.async issue one or two tiles later: widening
-// it right away made the compiler consume the load at once, so the loader
-// warps waited out a full memory latency every tile (ps1 v8d/v8e).
+// the loaded int until the cp.async issue one tile later: widening it right
+// away made the compiler consume the load at once, so the loader warps would
+// wait out a full memory latency every tile.
 template <int PAGE>
 __device__ __forceinline__ int pool_entry(const int* __restrict__ idx, int j) {
   return __ldg(idx + (PAGE == 1 ? j : j >> 6));
@@ -210,9 +196,9 @@ __device__ __forceinline__ int pool_entry(const int* __restrict__ idx, int j) {
 #if KV_FP8
 // S^T partial of warpgroup WG (dims [288*WG, +288)): 9 wgmma k-steps of 32,
 // each into a fresh accumulator (two alternate) and summed in f32, because a
-// chained fp8 accumulator truncates to 13 bits at every step (the LSE missed
-// 1e-3 by up to 4.6x that way, kernels/dev/NOTES.md v8a). WG is a template argument
-// so every step's descriptor is the tile's plus a constant.
+// chained fp8 accumulator truncates to 13 bits at every step (LSE errors of
+// 1.2e-3 to 2.1e-3 that way, over the 1e-3 tolerance). WG is a template
+// argument so every step's descriptor is the tile's plus a constant.
 template <int WG>
 __device__ __forceinline__ void qk_wgmma(float (&sacc)[ROWS / 2], unsigned long long k_desc,
                                          unsigned long long q_desc) {
@@ -373,18 +359,15 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
   // Loader role: one token per thread, LD_CH 16-byte chunks of it. Local
   // tile u of this group is tile grp + GROUPS*u of the pass.
   const int ntiles_all = ps.t1 > ps.t0 ? (ps.t1 - ps.t0 + BN - 1) / BN : 0;
-  const int half = (ntiles_all + 1) / 2;  // TILE_SPLIT=1: group 0's share
-  const int ntiles = GROUPS == 1  ? ntiles_all
-                     : TILE_SPLIT ? (grp ? ntiles_all - half : half)
-                                  : (ntiles_all > grp ? (ntiles_all - grp + 1) / 2 : 0);
+  const int ntiles = GROUPS == 1 ? ntiles_all : (ntiles_all > grp ? (ntiles_all - grp + 1) / 2 : 0);
   // first token of this group's local tile u
   auto tok0 = [&](int u) -> int {
-    const int t = GROUPS == 1 ? u : TILE_SPLIT ? (grp ? half + u : u) : grp + 2 * u;
+    const int t = GROUPS == 1 ? u : grp + 2 * u;
     return ps.t0 + t * BN;
   };
   const int ld_tok = tid / LD_TPT, ld_c = tid % LD_TPT;
   const bool loader = tid < LD_THREADS;
-#if KV_FP8 && HOIST && !LD_LINES
+#if KV_FP8 && !LD_LINES
   // fp8: chunk ld_c + 4k of the token sits in column block k/2 as chunk
   // ld_c + 4(k%2), swizzled by the token's row: two offsets cover all nine
   static_assert(LD_TPT == 4 && LD_CH == 9, "fp8 loader: 4 threads per token, 9 chunks each");
@@ -434,19 +417,11 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
     const long long row =
         ent < 0 ? -1ll : (PAGE == 1 ? ent : static_cast<long long>(ent) * 64 + ((tok0(t) + ld_tok) & 63));
     const unsigned char* src = kv + (row < 0 ? 0ll : row * ROW_BYTES) + ld_c * 16;
-#if KV_FP8 && HOIST
+#if KV_FP8
     const unsigned st = smem0 + (t % STAGES) * TILE_BYTES;
     const unsigned d0 = st + ld_sw0, d1 = st + ld_sw1;
 #pragma unroll
     for (int k = 0; k < LD_CH; ++k) cp_async16((k & 1 ? d1 : d0) + (k >> 1) * (BN * 128), src + k * 64, row >= 0);
-#elif KV_FP8
-    // chunk ch of the token: column block ch/8, swizzled chunk (ch%8) ^ (token%8)
-    const unsigned dst = smem0 + (t % STAGES) * TILE_BYTES + ld_tok * 128;
-#pragma unroll
-    for (int k = 0; k < LD_CH; ++k) {
-      const int ch = ld_c + k * LD_TPT;
-      cp_async16(dst + (ch >> 3) * (BN * 128) + (((ch & 7) ^ (ld_tok & 7)) << 4), src + k * LD_TPT * 16, row >= 0);
-    }
 #else
     const unsigned dst = smem0 + (t % STAGES) * TILE_BYTES + ld_tok * RS + ld_c * 16;
 #pragma unroll
@@ -466,10 +441,7 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
 #if EARLY_Q && (KV_FP8 || QSMEM)
   store_q();  // the first tiles are in flight
 #endif
-  EntT nrow = row_of(STAGES - 1);  // prefetched IDX_AHEAD tiles ahead of its issue
-#if IDX_AHEAD == 2
-  EntT nrow2 = row_of(STAGES);
-#endif
+  EntT nrow = row_of(STAGES - 1);  // prefetched one tile ahead of its issue
 
   float oacc[MT][NJ][4];
 #pragma unroll
@@ -477,7 +449,7 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
 #pragma unroll
     for (int j = 0; j < NJ; ++j) oacc[mt][j][0] = oacc[mt][j][1] = oacc[mt][j][2] = oacc[mt][j][3] = 0.f;
 
-#if KV_FP8 && HOIST
+#if KV_FP8
   // P V: this lane's ldmatrix.trans row address in a tile, per 32-dim block u
   // (token (li&1)*8 + lr of the k-step, V chunk warp*4 + 2u + li/2, swizzled)
   unsigned v_off[NJ / 4];
@@ -504,12 +476,7 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
       const int tn = t + STAGES - 1;
       if (tn < ntiles) issue(tn, nrow);
       cp_async_commit();
-#if IDX_AHEAD == 2
-      nrow = nrow2;
-      nrow2 = row_of(tn + 2);
-#else
       nrow = row_of(tn + 1);
-#endif
     }
     const unsigned kt = smem0 + (t % STAGES) * TILE_BYTES;
 
@@ -518,38 +485,12 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
     {
       const int wg = warp >> 2;
       float sacc[ROWS / 2];
-#if HOIST
       const unsigned long long k_desc = gmma_desc_sw128(kt);
       if (wg == 0) {
         qk_wgmma<0>(sacc, k_desc, q_desc);
       } else {
         qk_wgmma<1>(sacc, k_desc, q_desc);
       }
-#else
-      float part[2][ROWS / 2];
-#pragma unroll
-      for (int c = 0; c < 10; ++c) {
-        if (c < 9) {
-          const int d0 = 288 * wg + 32 * c;  // first dim (byte) of the k-step
-          const unsigned ka = kt + (d0 >> 7) * (BN * 128) + (d0 & 127);
-          const unsigned qb = q_s + (d0 >> 7) * (ROWS * 128) + (d0 & 127);
-          wgmma_fence();  // part[c % 2] was last read by the f32 sum below
-          wgmma_e4m3<ROWS>(part[c % 2], gmma_desc_sw128(ka), gmma_desc_sw128(qb), 0);
-          wgmma_commit();
-        }
-        if (c >= 1) {
-          if (c < 9) {
-            wgmma_wait<1>();  // step c-1 done, step c in flight
-          } else {
-            wgmma_wait<0>();
-          }
-          float(&p)[ROWS / 2] = part[(c - 1) % 2];
-          fence_regs(p);
-#pragma unroll
-          for (int i = 0; i < ROWS / 2; ++i) sacc[i] = c == 1 ? p[i] : sacc[i] + p[i];
-        }
-      }
-#endif
       // thread holds tokens 16*(warp%4) + g (+8) of heads 8b + 2qd (+1)
       float* dst = sp + (wg * ROWS + 2 * qd) * SP_LD + 16 * (warp & 3) + g;
 #pragma unroll
@@ -698,13 +639,7 @@ __device__ void attend(unsigned char* smem, const Pass& ps, const unsigned char*
 #pragma unroll
       for (int u = 0; u < NJ / 4; ++u) {
         unsigned r0, r1, r2, r3;
-#if HOIST
         ldsm_x4_t(kt + v_off[u] + ks * 16 * 128, r0, r1, r2, r3);
-#else
-        const int vtok = ks * 16 + (li & 1) * 8 + lr;
-        const int ch = warp * (DW / 16) + u * 2 + (li >> 1);  // 16-byte chunk of V dims
-        ldsm_x4_t(kt + (ch >> 3) * (BN * 128) + vtok * 128 + (((ch & 7) ^ lr) << 4), r0, r1, r2, r3);
-#endif
         unsigned e0, o0, e1, o1, e2, o2, e3, o3;
         v_cvt(r0, e0, o0);  // tokens 0-7 of dims [32u, +16)
         v_cvt(r1, e1, o1);  // tokens 8-15

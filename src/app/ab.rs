@@ -17,9 +17,12 @@ pub fn ab(args: &crate::cli::AbArgs) -> Result<u8> {
     };
     let (control, candidate) = (read(&args.control)?, read(&args.candidate)?);
     let thr = args.threshold / 100.0;
-    let rows = crate::ab::ab(&control, &candidate, thr, args.mixed_clocks);
-    let clocks = crate::ab::clock_mismatch(&control, &candidate);
-    if rows.iter().all(|r| r.verdict == crate::ab::AbVerdict::Incomplete) {
+    let rows = crate::judge::kernel_ab::ab(&control, &candidate, thr, args.mixed_clocks);
+    let clocks = crate::judge::kernel_ab::clock_mismatch(&control, &candidate);
+    if rows
+        .iter()
+        .all(|r| r.verdict == crate::judge::kernel_ab::AbVerdict::Incomplete)
+    {
         let why = match (&clocks, args.mixed_clocks) {
             (Some((c, d)), false) => format!(
                 "the control runs are timed with {c} and the candidate runs with {d}; pass --mixed-clocks to compare them anyway (e.g. eager launches against --graph replay)"
@@ -30,9 +33,9 @@ pub fn ab(args: &crate::cli::AbArgs) -> Result<u8> {
     }
     println!(
         "{}",
-        report::ab::table(&rows, std::io::stdout().is_terminal(), args.view.show)
+        report::kernel_ab::table(&rows, std::io::stdout().is_terminal(), args.view.show)
     );
-    println!("A/B: {}", report::ab::summary_line(&rows));
+    println!("A/B: {}", report::kernel_ab::summary_line(&rows));
     let (ctl, cand) = (
         read_meta(&args.control[0]).unwrap_or_default(),
         read_meta(&args.candidate[0]).unwrap_or_default(),
@@ -49,10 +52,10 @@ pub fn ab(args: &crate::cli::AbArgs) -> Result<u8> {
         }
         for (side, meta) in [("control", &ctl), ("candidate", &cand)] {
             if let Some(cmd) = &meta.command {
-                provenance.push(format!("{side}: `{}`", report::ab::essential_command(cmd)));
+                provenance.push(format!("{side}: `{}`", report::kernel_ab::essential_command(cmd)));
             }
         }
-        let md = report::ab::markdown(
+        let md = report::kernel_ab::markdown(
             &rows,
             &names(&args.control),
             &names(&args.candidate),

@@ -57,8 +57,8 @@ pub(super) fn read_meta(path: &Path) -> Option<RunMetaView> {
 }
 
 /// A run directory's rows.csv, or the CSV itself.
-pub(super) fn read_entries(path: &Path, region: &str) -> Result<Vec<crate::compare::Entry>, InputError> {
-    report::compare::check_region(region).map_err(|e| InputError::Usage(format!("--region: {e}")))?;
+pub(super) fn read_entries(path: &Path, region: &str) -> Result<Vec<crate::judge::baseline::Entry>, InputError> {
+    report::baseline::check_region(region).map_err(|e| InputError::Usage(format!("--region: {e}")))?;
     let file = if path.is_dir() {
         path.join("rows.csv")
     } else {
@@ -70,14 +70,14 @@ pub(super) fn read_entries(path: &Path, region: &str) -> Result<Vec<crate::compa
             file.display()
         ))
     })?;
-    report::compare::entries_from_csv(&bytes, region, &file.display().to_string())
+    report::baseline::entries_from_csv(&bytes, region, &file.display().to_string())
         .map_err(|e| InputError::Usage(format!("{e:#}")))
 }
 
 /// Prints the verdicts (and writes Markdown); true when something regressed.
 pub(super) fn judge(
-    base: &[crate::compare::Entry],
-    cand: &[crate::compare::Entry],
+    base: &[crate::judge::baseline::Entry],
+    cand: &[crate::judge::baseline::Entry],
     gate: &crate::cli::RegressionGate,
     baseline: &Path,
     kernels: &str,
@@ -87,7 +87,7 @@ pub(super) fn judge(
         return Err(InputError::Usage(format!("--threshold {}: give a percentage >= 0", gate.threshold)).into());
     }
     let thr = gate.threshold / 100.0;
-    let deltas = crate::compare::compare(base, cand, thr);
+    let deltas = crate::judge::baseline::compare(base, cand, thr);
     if !deltas.iter().any(|d| d.base.is_some() && d.cand.is_some()) {
         return Err(InputError::Usage(format!(
             "no (case, variant) row is in both the baseline ({}) and the candidate; compare runs of the same scenario",
@@ -97,15 +97,15 @@ pub(super) fn judge(
     }
     println!(
         "{}",
-        report::compare::table(&deltas, std::io::stdout().is_terminal(), gate.view.show)
+        report::baseline::table(&deltas, std::io::stdout().is_terminal(), gate.view.show)
     );
     println!(
         "against {}: {}",
         baseline.display(),
-        report::compare::summary_line(&deltas)
+        report::baseline::summary_line(&deltas)
     );
     println!("{kernels}");
-    let md = report::compare::markdown(
+    let md = report::baseline::markdown(
         &deltas,
         &baseline.display().to_string(),
         thr,

@@ -3,15 +3,22 @@
 
 mod ab;
 mod compare;
-mod inspect;
+mod device;
+mod kernels;
+mod list;
 mod memory;
+mod options;
+mod plan;
 mod run;
 mod selftest;
 mod splits;
 
 pub use ab::ab;
 pub use compare::compare;
-pub use inspect::{device, kernels, list, plan};
+pub use device::device;
+pub use kernels::kernels;
+pub use list::list;
+pub use plan::plan;
 pub use run::run;
 pub use selftest::selftest;
 pub use splits::splits;
@@ -20,13 +27,13 @@ use anyhow::{Context, Result};
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use crate::backend::{Backend, TimingOptions};
+use crate::backend::Backend;
 use crate::case::Case;
 use crate::error::InputError;
 use crate::report::RunMeta;
-use crate::runner::RunOptions;
 use crate::scenario;
 use crate::variants::VariantId;
+use options::RunOptions;
 
 /// Loads scenarios and expands them into cases, filtered and grouped by data
 /// id. The same case twice (a scenario given twice, two identical blocks) runs
@@ -132,70 +139,6 @@ fn default_scenarios(v: &[PathBuf]) -> Vec<PathBuf> {
     }
 }
 
-/// Refuses flags that would make a run check or time nothing, or lose its
-/// outputs, before anything runs: a run that cannot fail must not pass.
-fn validate_execution(e: &crate::cli::Execution, cases: &[Case]) -> Result<(), InputError> {
-    let usage = |m: String| Err(InputError::Usage(m));
-    if e.check_rows == Some(0) {
-        return usage("--check-rows 0 checks no row, so every case would pass; give N >= 1, or leave the flag out to check every row".into());
-    }
-    if e.min_samples == 0 {
-        return usage(
-            "--min-samples 0 would report statistics of no sample; give at least 1 (the default is 10)".into(),
-        );
-    }
-    if !(e.min_time_ms.is_finite() && e.min_time_ms >= 0.0) {
-        return usage(format!(
-            "--min-time-ms {}: give a time >= 0 in milliseconds",
-            e.min_time_ms
-        ));
-    }
-    if e.repeat_checks == Some(0) {
-        return usage(
-            "--repeat-checks 0 would run no checked launch; give at least 1 (2 compares two launches bit for bit)"
-                .into(),
-        );
-    }
-    // The kernels a run needs must be there on every backend: a CPU run that
-    // passes while pointing at no kernels says nothing about them.
-    if !e.kernels_dir.is_dir() {
-        return usage(format!(
-            "--kernels-dir {}: no such directory; point it at the repository's kernels/ (or a copy of it)",
-            e.kernels_dir.display()
-        ));
-    }
-    let mut missing: Vec<String> = cases
-        .iter()
-        .map(|c| c.variant.info().kernel_file)
-        .filter(|f| !e.kernels_dir.join(f).is_file())
-        .map(|f| f.to_string())
-        .collect();
-    missing.sort();
-    missing.dedup();
-    if !missing.is_empty() {
-        return usage(format!(
-            "--kernels-dir {}: has no {} for the variants this run asks for; point it at a copy of the repository's kernels/",
-            e.kernels_dir.display(),
-            missing.join(", ")
-        ));
-    }
-    Ok(())
-}
-
-/// `--dump DIR` must be writable before the run starts, not fail case by case.
-fn check_dump_dir(dir: &std::path::Path) -> Result<(), InputError> {
-    let probe = dir.join(".mlabench-write-test");
-    std::fs::create_dir_all(dir)
-        .and_then(|_| std::fs::write(&probe, b"ok"))
-        .and_then(|_| std::fs::remove_file(&probe))
-        .map_err(|e| {
-            InputError::Usage(format!(
-                "--dump {}: cannot write there ({e}); give a directory you can write",
-                dir.display()
-            ))
-        })
-}
-
 /// Cases that would not fit this machine, found before anything is allocated.
 struct Budget {
     /// Row key (`id/variant`) -> why the case is skipped.
@@ -207,17 +150,9 @@ struct Budget {
 /// memory free (or `--max-memory`) and the device's free memory. A case that
 /// does not fit is skipped, saying what would; a count the kernels' i32
 /// tables cannot hold is bad input; so is a run where no case fits.
-fn fit_budget(
-    cases: &[Case],
-    e: &crate::cli::Execution,
-    backend: &dyn Backend,
-    opts: &RunOptions,
-) -> Result<Budget, InputError> {
+fn fit_budget(cases: &[Case], opts: &RunOptions, backend: &dyn Backend) -> Result<Budget, InputError> {
     use crate::budget::{footprint, human, largest_fitting, Options, Target};
-    let host = match &e.max_memory {
-        Some(t) => Some(memory::parse_size(t)?),
-        None => memory::host_available(),
-    };
+    let host = opts.max_memory.or_else(memory::host_available);
     let device = backend.free_memory();
     let bo = Options {
         check_rows: opts.check_rows,
@@ -226,7 +161,7 @@ fn fit_budget(
         } else {
             Target::Cpu
         },
-        repeat_checks: opts.repeat_checks,
+        repeat_checks: opts.repeats(&backend.info().backend),
     };
     let (host_limit, device_limit) = (host.unwrap_or(u64::MAX), device.unwrap_or(u64::MAX));
     let mut too_big = HashMap::new();
@@ -311,71 +246,13 @@ fn fit_budget(
     Ok(Budget { too_big, notes })
 }
 
-/// How `run` and `splits` check and time, and the flags every repro repeats.
-fn run_options(e: &crate::cli::Execution, backend: &dyn Backend, timed: bool, cold_l2: bool) -> RunOptions {
-    let timing = TimingOptions {
-        enabled: timed,
-        warmup: e.warmup,
-        min_samples: e.min_samples.max(1),
-        min_time_ms: e.min_time_ms,
-        cold_l2,
-        graph: e.graph,
-        handoff: e.handoff,
-    };
-    let name = &backend.info().backend;
-    let mut repro_flags = format!(" --backend {name}");
-    if let Some(n) = e.check_rows {
-        repro_flags.push_str(&format!(" --check-rows {n}"));
-    }
-    if e.handoff != crate::case::Handoff::default() {
-        repro_flags.push_str(&format!(" --handoff {}", e.handoff));
-    }
-    // A GPU's launches can race, so two checked launches are compared there;
-    // the CPU emulation is deterministic by construction.
-    let default_repeats = if name == "cpu" { 1 } else { 2 };
-    let repeat_checks = e.repeat_checks.unwrap_or(default_repeats);
-    if repeat_checks != default_repeats {
-        repro_flags.push_str(&format!(" --repeat-checks {repeat_checks}"));
-    }
-    RunOptions {
-        check_rows: e.check_rows,
-        timing,
-        dump: None,
-        repeat_checks,
-        repro_flags,
-    }
-}
-
 /// The run's directory: a given `--run-id` must be new, a default one (a
 /// time stamp) takes the next free suffix.
-fn create_run_dir(e: &crate::cli::Execution, meta: RunMeta) -> Result<crate::report::RunDir> {
-    let made = if e.run_id.is_some() {
-        crate::report::RunDir::create(&e.out, meta)
+fn create_run_dir(opts: &RunOptions, meta: RunMeta) -> Result<crate::report::RunDir> {
+    let made = if opts.run_id.is_some() {
+        crate::report::RunDir::create(&opts.out, meta)
     } else {
-        crate::report::RunDir::create_unique(&e.out, meta)
+        crate::report::RunDir::create_unique(&opts.out, meta)
     };
-    made.with_context(|| format!("creating the run directory under {}", e.out.display()))
-}
-
-/// What a run was, for its directory (`prefix` + UTC stamp when unnamed).
-fn run_meta(e: &crate::cli::Execution, backend: &dyn Backend, scenarios: &[PathBuf], prefix: &str) -> RunMeta {
-    RunMeta {
-        run_id: e
-            .run_id
-            .clone()
-            .unwrap_or_else(|| format!("{prefix}{}", chrono::Utc::now().format("%Y%m%d-%H%M%S"))),
-        started: chrono::Utc::now().to_rfc3339(),
-        mlabench_version: env!("CARGO_PKG_VERSION").to_string(),
-        command: std::env::args().collect::<Vec<_>>().join(" "),
-        scenarios: scenarios.iter().map(|p| p.display().to_string()).collect(),
-        backend: backend.info().backend.clone(),
-        device: backend.info().clone(),
-        check_rows: e.check_rows,
-        reference_gflops: None,
-        resumed: vec![],
-        kernels: crate::provenance::stamp_kernels(&e.kernels_dir),
-        ps1_schedule: Default::default(),
-        handoff: e.handoff,
-        planned: None,
-    }
+    made.with_context(|| format!("creating the run directory under {}", opts.out.display()))
 }

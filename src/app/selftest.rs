@@ -11,9 +11,9 @@ use std::process::Command;
 
 use crate::cli::{BackendChoice, Cli, SelftestArgs};
 use crate::error::{exit, InputError};
+use crate::judge::selftest::{self, Bug, Caught, Form};
 use crate::report;
 use crate::result::{Row, Status};
-use crate::selftest::{self, Bug, Caught, Form};
 
 /// One bug's outcome.
 struct Outcome<'a> {
@@ -236,10 +236,7 @@ fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
         let e = e?;
         let (src, dst) = (e.path(), to.join(e.file_name()));
         if src.is_dir() {
-            // Lab scratch under kernels/dev/ is not part of what compiles.
-            if e.file_name() != "dev" {
-                copy_tree(&src, &dst)?;
-            }
+            copy_tree(&src, &dst)?;
         } else {
             std::fs::copy(&src, &dst)?;
         }
@@ -289,7 +286,7 @@ fn compile_only(args: &SelftestArgs, bugs: &[&Bug]) -> Result<u8> {
 }
 
 /// The kernel configurations the cases of `mlabench run ARGS` launch.
-fn run_specs(run: &[String]) -> Result<Vec<crate::backend::cuda::KernelSpec>, InputError> {
+fn run_specs(run: &[String]) -> Result<Vec<crate::variants::KernelSpec>, InputError> {
     use clap::Parser;
     let argv = ["mlabench", "run"]
         .into_iter()
@@ -304,7 +301,7 @@ fn run_specs(run: &[String]) -> Result<Vec<crate::backend::cuda::KernelSpec>, In
     let (cases, _) = super::resolve_cases(&r.scenarios, &r.cases, &variants)?;
     let mut specs = Vec::new();
     for c in &cases {
-        for s in crate::variants::kernels::launched(c, &crate::variants::decide(c)) {
+        for s in c.variant.unit().kernels(c, &crate::variants::decide(c)) {
             if !specs.contains(&s) {
                 specs.push(s);
             }

@@ -9,35 +9,37 @@ use crate::error::{exit, InputError};
 use crate::report::{self, progress::Progress};
 use crate::result::Status;
 use crate::runner::{self, Caches};
-use crate::variants::{self, VariantId};
+use crate::variants::v4_split::plan::{kv_len_bound, v4_split_plan};
+use crate::variants::{self, hca_persist, v4, v4_split};
 
-use super::{create_run_dir, resolve_cases, run_meta, run_options, validate_execution};
+use super::options::RunOptions;
+use super::{create_run_dir, resolve_cases};
 
 /// Times every split count of each V4 workload, the heuristic's pick and
 /// hca_persist; writes splits.csv and splits.svg next to the run's rows.
 pub fn splits(args: &crate::cli::SplitsArgs) -> Result<u8> {
-    use crate::splits::{Point, Study};
+    use crate::judge::split_regret::{Point, Study};
     let (cases, _) = resolve_cases(
         std::slice::from_ref(&args.scenario),
         &args.cases,
-        &[VariantId::V4Split, VariantId::HcaPersist],
+        &[v4_split::ID, hca_persist::ID],
     )?;
     if let Some(csv) = &args.from {
         return rescore_splits(&cases, csv);
     }
-    let e = &args.exec;
-    validate_execution(e, &cases)?;
-    let (mut backend, notice) = backend::select(e.backend, &e.kernels_dir)?;
+    let opts = RunOptions::from_exec(&args.exec, true, true)?;
+    opts.check_kernels(&cases)?;
+    let (mut backend, notice) = backend::select(opts.backend, &opts.kernels_dir)?;
     if let Some(n) = notice {
         eprintln!("{n}");
     }
-    let opts = run_options(e, backend.as_ref(), true, true);
+    let case_opts = opts.case_options(backend.as_ref());
     // One study per workload: the first case of each data id is its template.
     let mut seen = std::collections::HashSet::new();
     let bases: Vec<&Case> = cases.iter().filter(|c| seen.insert(c.data_id.clone())).collect();
-    let mut meta = run_meta(e, backend.as_ref(), std::slice::from_ref(&args.scenario), "splits-");
+    let mut meta = opts.meta(backend.as_ref(), std::slice::from_ref(&args.scenario), "splits-");
     meta.planned = Some(bases.len() * 17);
-    let mut dir = create_run_dir(e, meta)?;
+    let mut dir = create_run_dir(&opts, meta)?;
     let progress = Progress::new((bases.len() * 17) as u64, false);
     let mut caches = Caches::default();
     let mut studies = Vec::new();
@@ -53,9 +55,9 @@ pub fn splits(args: &crate::cli::SplitsArgs) -> Result<u8> {
     };
     for base in bases {
         let CaseParams::V4(p) = &base.params else { continue };
-        let bound = crate::plan::v4::kv_len_bound(p.layer, p.index_topk, p.max_model_len);
-        let pick = crate::plan::v4::v4_split_plan(p.rows, p.padded_rows, p.kernel_heads(), bound, base.cus, None);
-        let lens: Vec<usize> = p.positions.iter().map(|&pos| variants::v4_row_len(p, pos)).collect();
+        let bound = kv_len_bound(p.layer, p.index_topk, p.max_model_len);
+        let pick = v4_split_plan(p.rows, p.padded_rows, p.kernel_heads(), bound, base.cus, None);
+        let lens: Vec<usize> = p.positions.iter().map(|&pos| v4::row_len(p, pos)).collect();
         let mut study = Study {
             data_id: base.data_id.clone(),
             layer: p.layer.to_string(),
@@ -70,11 +72,11 @@ pub fn splits(args: &crate::cli::SplitsArgs) -> Result<u8> {
         };
         for n in 1..=16 {
             let mut c = base.clone();
-            c.variant = VariantId::V4Split;
+            c.variant = v4_split::ID;
             c.v4.splits = Some(n);
             c.id = crate::scenario::v4_case_id(&c.data_id, &c.v4);
             progress.start(&c.key());
-            let out = runner::run_case(&c, &mut caches, backend.as_mut(), &opts);
+            let out = runner::run_case(&c, &mut caches, backend.as_mut(), &case_opts);
             if let Some(pt) = point(&out.row, n) {
                 study.points.push(pt);
             }
@@ -82,12 +84,12 @@ pub fn splits(args: &crate::cli::SplitsArgs) -> Result<u8> {
             progress.inc();
         }
         let mut c = base.clone();
-        c.variant = VariantId::HcaPersist;
+        c.variant = hca_persist::ID;
         c.v4.splits = None;
         c.id = crate::scenario::v4_case_id(&c.data_id, &c.v4);
         progress.start(&c.key());
         let d = variants::decide(&c);
-        let out = runner::run_case(&c, &mut caches, backend.as_mut(), &opts);
+        let out = runner::run_case(&c, &mut caches, backend.as_mut(), &case_opts);
         match d.fallback {
             Some(why) => study.hca_gate = Some(why),
             None => study.hca = point(&out.row, 0),
@@ -98,12 +100,12 @@ pub fn splits(args: &crate::cli::SplitsArgs) -> Result<u8> {
     }
     progress.finish();
     dir.finish(|_| ())?;
-    std::fs::write(dir.path().join("splits.csv"), report::splits::csv(&studies)?)?;
-    std::fs::write(dir.path().join("splits.svg"), report::splits::svg(&studies)?)?;
+    std::fs::write(dir.path().join("splits.csv"), report::split_regret::csv(&studies)?)?;
+    std::fs::write(dir.path().join("splits.svg"), report::split_regret::svg(&studies)?)?;
     // The run's JSON writer: non-finite timings stay visible instead of turning into null.
     let json = serde_json::to_string_pretty(&studies)?;
     std::fs::write(dir.path().join("splits.json"), json)?;
-    println!("{}", report::splits::table(&studies));
+    println!("{}", report::split_regret::table(&studies));
     println!("{}", report::table::summary_line(dir.rows()));
     println!("results: {} (splits.csv, splits.svg)", dir.path().display());
     let failed = dir
@@ -116,14 +118,14 @@ pub fn splits(args: &crate::cli::SplitsArgs) -> Result<u8> {
 /// The heuristic's pick for a V4 case, and where it came from.
 fn heuristic_pick(c: &Case) -> Option<(usize, String)> {
     let CaseParams::V4(p) = &c.params else { return None };
-    let bound = crate::plan::v4::kv_len_bound(p.layer, p.index_topk, p.max_model_len);
-    let plan = crate::plan::v4::v4_split_plan(p.rows, p.padded_rows, p.kernel_heads(), bound, c.cus, None);
+    let bound = kv_len_bound(p.layer, p.index_topk, p.max_model_len);
+    let plan = v4_split_plan(p.rows, p.padded_rows, p.kernel_heads(), bound, c.cus, None);
     Some((plan.n, format!("{:?}", plan.source).to_lowercase()))
 }
 
 /// `splits --from`: today's heuristic scored on a committed run's timings.
 fn rescore_splits(cases: &[Case], csv_path: &Path) -> Result<u8> {
-    use crate::splits::{Point, Study};
+    use crate::judge::split_regret::{Point, Study};
     let mut rdr = csv::Reader::from_path(csv_path)
         .map_err(|e| InputError::Usage(format!("--from {}: {e}", csv_path.display())))?;
     let mut studies: Vec<Study> = Vec::new();
@@ -171,7 +173,7 @@ fn rescore_splits(cases: &[Case], csv_path: &Path) -> Result<u8> {
         ))
         .into());
     }
-    println!("{}", report::splits::table(&studies));
+    println!("{}", report::split_regret::table(&studies));
     println!(
         "(re-scored from {}: timings of that run, today's heuristic)",
         csv_path.display()

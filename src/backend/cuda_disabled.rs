@@ -8,17 +8,16 @@
 pub mod error;
 #[path = "cuda/report.rs"]
 pub mod report;
-#[path = "cuda/spec.rs"]
-pub mod spec;
 
 use std::convert::Infallible;
 use std::path::Path;
 
+pub use crate::variants::KernelSpec;
 pub use error::{CompileError, EnvError};
 pub use report::{Ceilings, DeviceProps, DeviceReport, LaunchOverhead};
-pub use spec::KernelSpec;
 
-use super::{Backend, BackendError, DeviceInfo, RunOutput, RunRequest};
+use super::{Backend, BackendError, DeviceInfo, Exec, RunOutput};
+use crate::variants::{Job, Variant};
 
 #[derive(Clone, Debug, Default)]
 pub struct OpenOptions {
@@ -58,12 +57,31 @@ pub fn check_all(_kernels_dir: &Path, _specs: &[KernelSpec], _arch: &str) -> Res
     Err(EnvError::Disabled)
 }
 
+/// Type of a `--resources` result, as in the CUDA build.
+pub type ResourceResults = Vec<(KernelSpec, Result<Vec<EntryResources>, CompileError>)>;
+
+/// What ptxas reports of one entry point, as in the CUDA build.
+#[derive(Clone, Debug, Default)]
+pub struct EntryResources {
+    pub entry: String,
+    pub registers: u32,
+    pub spill_stores: u32,
+    pub spill_loads: u32,
+    pub stack_bytes: u32,
+    pub smem_bytes: u32,
+    pub barriers: u32,
+}
+
+pub fn resources_all(_kernels_dir: &Path, _specs: &[KernelSpec], _arch: &str) -> Result<ResourceResults, EnvError> {
+    Err(EnvError::Disabled)
+}
+
 impl Backend for CudaBackend {
     fn info(&self) -> &DeviceInfo {
         match self.never {}
     }
 
-    fn run(&mut self, _req: &RunRequest) -> Result<RunOutput, BackendError> {
+    fn run(&mut self, _: &dyn Variant, _: &Job, _: &Exec) -> Result<RunOutput, BackendError> {
         match self.never {}
     }
 }

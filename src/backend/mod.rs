@@ -20,9 +20,7 @@ pub use select::{select, select_with};
 use serde::Serialize;
 use thiserror::Error;
 
-use crate::case::Case;
-use crate::variants::VariantPlan;
-use crate::workload::Workload;
+use crate::variants::{DeviceCheck, Job, OutTensor, Variant};
 
 /// What a backend runs on, with the measured ceilings used for fraction-of-peak.
 #[derive(Clone, Debug, Serialize, serde::Deserialize)]
@@ -41,7 +39,7 @@ pub struct DeviceInfo {
     pub details: Vec<(String, String)>,
 }
 
-/// How to launch and time a run.
+/// How to time a run (SPEC §5).
 #[derive(Clone, Debug)]
 pub struct TimingOptions {
     pub enabled: bool,
@@ -52,9 +50,6 @@ pub struct TimingOptions {
     pub cold_l2: bool,
     /// Time replays of a captured CUDA graph.
     pub graph: bool,
-    /// How ps1's reduce and page64's merge follow their forward, in every
-    /// launch (checked and timed).
-    pub handoff: crate::case::Handoff,
 }
 
 impl Default for TimingOptions {
@@ -66,19 +61,59 @@ impl Default for TimingOptions {
             min_time_ms: 50.0,
             cold_l2: true,
             graph: false,
-            handoff: Default::default(),
         }
     }
 }
 
-/// An output tensor as the backend produced it, converted to f32.
+/// How a two-kernel variant's second kernel (ps1's reduce, page64's
+/// merge) follows its forward (kernels/common/pdl.cuh). It changes what is
+/// checked as much as what is timed, so it rides beside the timing options.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Handoff {
+    /// Programmatic dependent launch: the second kernel's blocks start
+    /// during the forward and wait for its results on the device.
+    #[default]
+    Pdl,
+    /// Plain stream order: the second kernel launches after the forward.
+    Stream,
+}
+
+impl Handoff {
+    /// Runs made before `--handoff` existed used stream order.
+    pub fn before_choice() -> Self {
+        Handoff::Stream
+    }
+}
+
+impl std::str::FromStr for Handoff {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "pdl" => Ok(Handoff::Pdl),
+            "stream" => Ok(Handoff::Stream),
+            _ => Err(format!("unknown hand-off `{s}`; use pdl or stream")),
+        }
+    }
+}
+
+impl std::fmt::Display for Handoff {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Handoff::Pdl => "pdl",
+            Handoff::Stream => "stream",
+        })
+    }
+}
+
+/// How a backend runs one variant: checked launches, the hand-off, timing.
 #[derive(Clone, Debug)]
-pub struct OutTensor {
-    /// Matches the reference tensor's name (`o.r0`, `lse.r0`, `o`, `lse`).
-    pub name: String,
-    /// Elements per row (rows index dimension 0: query rows).
-    pub row_len: usize,
-    pub data: Vec<f32>,
+pub struct Exec {
+    pub timing: TimingOptions,
+    /// Checked launches (>= 1); the outputs of each after the first go to
+    /// [`RunOutput::repeats`].
+    pub repeats: usize,
+    pub handoff: Handoff,
 }
 
 /// Latency samples of one run, in milliseconds.
@@ -95,8 +130,8 @@ pub struct Samples {
 #[derive(Clone, Debug, Default)]
 pub struct RunOutput {
     pub tensors: Vec<OutTensor>,
-    /// The outputs of each further checked launch (`RunRequest::repeats` - 1
-    /// of them), poisoned and run again over the same inputs and plan.
+    /// The outputs of each further checked launch, over the same inputs and
+    /// plan, poisoned again before it.
     pub repeats: Vec<Vec<OutTensor>>,
     /// Checks only the device can make, such as hca_persist's counters
     /// being back at zero after each launch; a failed one fails the row
@@ -105,16 +140,6 @@ pub struct RunOutput {
     pub samples: Option<Samples>,
     /// Backend-specific notes for the report (e.g. compile cache hits).
     pub notes: Vec<String>,
-}
-
-/// A pass/fail fact about device state after a launch.
-#[derive(Clone, Debug)]
-pub struct DeviceCheck {
-    /// What was checked, e.g. `counters` or `counters.step2`.
-    pub name: String,
-    pub pass: bool,
-    /// Why it failed (empty on pass).
-    pub why: String,
 }
 
 #[derive(Debug, Error)]
@@ -130,20 +155,8 @@ pub enum BackendError {
     DeviceLost(String),
 }
 
-/// One variant run: the case, its inputs and plan, and how to time it.
-pub struct RunRequest<'a> {
-    pub case: &'a Case,
-    pub workload: &'a Workload,
-    pub plan: &'a VariantPlan,
-    pub timing: &'a TimingOptions,
-    /// Query rows that will be checked. A backend may leave other rows
-    /// unwritten (the CPU emulation does, to keep sampled checks cheap).
-    pub rows: &'a [usize],
-    /// Checked launches to make (>= 1); the outputs of each after the first
-    /// go to [`RunOutput::repeats`].
-    pub repeats: usize,
-}
-
+/// A device that runs variants: it executes what the variant hands it
+/// (a CPU emulation, or GPU programs) and knows no variant by name.
 pub trait Backend {
     fn info(&self) -> &DeviceInfo;
     /// Device memory free now, in bytes; `None` for a backend that runs in
@@ -151,53 +164,8 @@ pub trait Backend {
     fn free_memory(&self) -> Option<u64> {
         None
     }
-    /// Runs one variant's plan. Outputs are poisoned before the checked run so
-    /// unwritten elements show up; returned tensors hold the real heads only.
-    fn run(&mut self, req: &RunRequest) -> Result<RunOutput, BackendError>;
-}
-
-/// `mlabench kernels`: compile every kernel configuration with NVRTC (no
-/// GPU needed). Exit 1 when any configuration fails; the NVRTC log is
-/// printed verbatim with the file name.
-pub fn kernels_check(kernels_dir: &std::path::Path, arch: Option<&str>, check: bool) -> anyhow::Result<u8> {
-    use crate::error::{exit, InputError};
-    let mut specs = crate::variants::kernels::all();
-    specs.push(cuda::probe_spec());
-    if !check {
-        for s in &specs {
-            println!("{}", s.label());
-        }
-        println!("{} configurations; add --check to compile them", specs.len());
-        return Ok(exit::OK);
-    }
-    let arch = arch.unwrap_or("sm_90a");
-    let t0 = std::time::Instant::now();
-    let results = cuda::check_all(kernels_dir, &specs, arch).map_err(|e| InputError::Environment(format!("{e}")))?;
-    let mut failed = 0;
-    for (spec, r) in &results {
-        match r {
-            Ok(()) => println!("ok    {}", spec.label()),
-            Err(e) => {
-                failed += 1;
-                println!("FAIL  {}\n{e}", spec.label());
-            }
-        }
-    }
-    println!(
-        "{} of {} kernel configurations compiled for {arch} in {:.1} s",
-        results.len() - failed,
-        results.len(),
-        t0.elapsed().as_secs_f64()
-    );
-    Ok(if failed > 0 { exit::CHECK_FAILED } else { exit::OK })
-}
-
-/// `mlabench device`: device facts and measured ceilings.
-pub fn device_report(kernels_dir: &std::path::Path, ceilings: bool) -> anyhow::Result<u8> {
-    let r = cuda::device_report(kernels_dir, ceilings)
-        .map_err(|e| crate::error::InputError::Environment(format!("{e}; run on a machine with an NVIDIA GPU")))?;
-    for (k, v) in r.lines() {
-        println!("{k:<28} {v}");
-    }
-    Ok(crate::error::exit::OK)
+    /// Runs one variant on one job. Outputs are poisoned before every checked
+    /// launch so unwritten elements show up; returned tensors hold the real
+    /// heads only.
+    fn run(&mut self, unit: &dyn Variant, job: &Job, exec: &Exec) -> Result<RunOutput, BackendError>;
 }

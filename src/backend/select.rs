@@ -18,7 +18,7 @@ pub fn select(choice: BackendChoice, kernels_dir: &Path) -> Result<(Box<dyn Back
 pub fn select_with(
     choice: BackendChoice,
     kernels_dir: &Path,
-    fault: Option<super::cpu::Fault>,
+    fault: Option<crate::variants::Fault>,
     ceilings: bool,
 ) -> Result<(Box<dyn Backend>, Option<String>), InputError> {
     let open = || {

@@ -7,7 +7,7 @@ use std::ops::Range;
 use super::engine::{self, Group, Source};
 use super::{Inputs, NoSource, RefOut};
 use crate::case::{MLA_D_QK, MLA_D_V};
-use crate::workload::{dcp, MlaWorkload};
+use crate::workload::MlaWorkload;
 
 /// Rank `r`'s local shard with the causal mask on GLOBAL positions, all
 /// gathered heads `H = w.heads()`. Local token `j` of rank `r` is global
@@ -20,7 +20,7 @@ use crate::workload::{dcp, MlaWorkload};
 /// # Panics
 /// If `r >= W` or a row is out of range.
 pub fn rank(w: &MlaWorkload, r: usize, rows: &[usize], inputs: Inputs) -> Result<RefOut, NoSource> {
-    assert!(r < w.p.dcp_world, "rank {r} of a world of {}", w.p.dcp_world);
+    assert!(w.p.dcp.ranks().contains(&r), "rank {r} of a world of {:?}", w.p.dcp);
     run(w, Some(r), rows, inputs)
 }
 
@@ -58,12 +58,12 @@ fn run(w: &MlaWorkload, rank: Option<usize>, rows: &[usize], inputs: Inputs) -> 
             1.0,
         ),
     };
-    let (ww, s) = (w.p.dcp_world, w.p.interleave);
+    let dcp = w.p.dcp;
     let mut by_seq: BTreeMap<usize, Vec<(usize, usize)>> = BTreeMap::new();
     for (slot, &row) in rows.iter().enumerate() {
         let (b, n) = visible(w, row);
         let n = match rank {
-            Some(r) => dcp::local_len(r, n, ww, s),
+            Some(r) => dcp.local_len(r, n),
             None => n,
         };
         by_seq.entry(b).or_default().push((slot, n));
@@ -131,10 +131,10 @@ impl Source for MlaSource<'_> {
     fn k(&self, group: usize, tokens: Range<usize>, out: &mut [f64]) {
         let b = self.seqs[group];
         let base = self.w.g_kv_indptr[b] as usize;
-        let (ww, s) = (self.w.p.dcp_world, self.w.p.interleave);
+        let dcp = self.w.p.dcp;
         for (t, dst) in tokens.zip(out.chunks_exact_mut(MLA_D_QK)) {
             let g = match self.rank {
-                Some(r) => dcp::global_pos(t, r, ww, s),
+                Some(r) => dcp.global_pos(t, r),
                 None => t,
             };
             let o = (base + g) * MLA_D_QK;
@@ -149,6 +149,7 @@ impl Source for MlaSource<'_> {
 mod tests {
     use super::*;
     use crate::case::{Dtype, MlaParams, PoolOrder};
+    use crate::dcp::Dcp;
     use crate::reference::combine::combine;
     use crate::workload::mla;
 
@@ -158,8 +159,10 @@ mod tests {
             ctx,
             ctx_label: "t".into(),
             heads_local,
-            dcp_world: w,
-            interleave: s,
+            dcp: Dcp {
+                world: w,
+                interleave: s,
+            },
             s_q,
             dtype,
             page_size: 1,
@@ -178,11 +181,9 @@ mod tests {
         let b = (0..w.p.batch).find(|&b| row < w.qo_indptr[b + 1] as usize).unwrap();
         let len = w.p.ctx[b];
         let q_g = len as i64 - w.p.s_q as i64 + (row - w.qo_indptr[b] as usize) as i64;
-        let (ww, s) = (w.p.dcp_world, w.p.interleave);
+        let dcp = w.p.dcp;
         let toks: Vec<usize> = match rank {
-            Some(r) => (0..dcp::local_len(r, len, ww, s))
-                .map(|j| dcp::global_pos(j, r, ww, s))
-                .collect(),
+            Some(r) => (0..dcp.local_len(r, len)).map(|j| dcp.global_pos(j, r)).collect(),
             None => (0..len).collect(),
         };
         let toks: Vec<usize> = toks.into_iter().filter(|&g| (g as i64) <= q_g).collect();

@@ -9,7 +9,10 @@ pub mod combine;
 mod engine;
 mod gemm;
 pub mod mla;
+mod set;
 pub mod v4;
+
+pub use set::{build, total_rows, RefSet};
 
 use rand::seq::index;
 use std::time::Instant;

@@ -9,6 +9,11 @@ use anyhow::{bail, Context};
 use safetensors::tensor::{Dtype, TensorView};
 
 use super::run_dir::write_atomic;
+use crate::case::Case;
+use crate::reference::RefSet;
+use crate::result::Row;
+use crate::variants::OutTensor;
+use crate::workload::{Elems, Workload};
 
 /// Borrowed tensor data; bf16 and fp8 stay raw bits (fp8 as U8: safetensors
 /// readers disagree on F8 names, and the bytes are what the kernel read).
@@ -113,6 +118,112 @@ pub fn dump_path(dir: &Path, case_id: &str, variant: &str) -> PathBuf {
             .collect()
     };
     dir.join(format!("{}__{}.safetensors", safe(case_id), safe(variant)))
+}
+
+/// `--dump`: one .safetensors per (case, variant) with inputs, outputs and
+/// reference, loadable with `safetensors.torch.load_file`.
+pub fn case(dir: &Path, case: &Case, wl: &Workload, refs: &RefSet, out: &[OutTensor], row: &Row) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    fn t<'a>(name: &str, shape: Vec<usize>, data: DumpData<'a>) -> DumpTensor<'a> {
+        DumpTensor {
+            name: name.to_string(),
+            shape,
+            data,
+        }
+    }
+    let mut ts: Vec<DumpTensor> = Vec::new();
+    let scales: Vec<f32>;
+    match wl {
+        Workload::Mla(w) => {
+            let h = w.heads();
+            ts.push(match &w.q {
+                Elems::Bf16(v) => t("q", vec![w.p.total_q(), h, 576], DumpData::Bf16Bits(v)),
+                Elems::Fp8(v) => t("q", vec![w.p.total_q(), h, 576], DumpData::U8(v)),
+            });
+            scales = vec![w.q_scale, w.kv_scale, w.p.sm_scale as f32];
+            ts.push(t("scales_q_kv_sm", vec![3], DumpData::F32(&scales)));
+            ts.push(t("qo_indptr", vec![w.qo_indptr.len()], DumpData::I32(&w.qo_indptr)));
+            ts.push(t(
+                "g_kv_indptr",
+                vec![w.g_kv_indptr.len()],
+                DumpData::I32(&w.g_kv_indptr),
+            ));
+            for sh in &w.shards {
+                let r = sh.rank;
+                let shape = vec![sh.num_pages, w.p.page_size, 576];
+                ts.push(match &sh.pool {
+                    Elems::Bf16(v) => t(&format!("kv_pool.r{r}"), shape, DumpData::Bf16Bits(v)),
+                    Elems::Fp8(v) => t(&format!("kv_pool.r{r}"), shape, DumpData::U8(v)),
+                });
+                ts.push(t(
+                    &format!("kv_indptr.r{r}"),
+                    vec![sh.kv_indptr.len()],
+                    DumpData::I32(&sh.kv_indptr),
+                ));
+                ts.push(t(
+                    &format!("kv_indices.r{r}"),
+                    vec![sh.kv_indices.len()],
+                    DumpData::I32(&sh.kv_indices),
+                ));
+                ts.push(t(
+                    &format!("kv_last_page_len.r{r}"),
+                    vec![sh.kv_last_page_len.len()],
+                    DumpData::I32(&sh.kv_last_page_len),
+                ));
+            }
+            for (r, rr) in refs.ranks.iter().enumerate() {
+                ts.push(t(
+                    &format!("ref.o.r{r}"),
+                    vec![rr.rows.len(), rr.heads, rr.d_v],
+                    DumpData::F64(&rr.o),
+                ));
+                ts.push(t(
+                    &format!("ref.lse.r{r}"),
+                    vec![rr.rows.len(), rr.heads],
+                    DumpData::F64(&rr.lse),
+                ));
+            }
+        }
+        Workload::V4(w) => {
+            ts.push(t("q_packed", vec![w.t, w.heads, 512], DumpData::U8(&w.q_packed)));
+            ts.push(t("q_rope", vec![w.t, w.heads, 64], DumpData::Bf16Bits(&w.q_rope)));
+            ts.push(t("unified_kv", vec![w.pool_rows, 512], DumpData::U8(&w.pool_packed)));
+            ts.push(t(
+                "unified_kv_rope",
+                vec![w.pool_rows, 64],
+                DumpData::Bf16Bits(&w.pool_rope),
+            ));
+            ts.push(t("kv_indptr", vec![w.kv_indptr.len()], DumpData::I32(&w.kv_indptr)));
+            ts.push(t("kv_indices", vec![w.kv_indices.len()], DumpData::I32(&w.kv_indices)));
+            ts.push(t("attn_sink", vec![w.sink.len()], DumpData::F32(&w.sink)));
+        }
+    }
+    let rows_i32: Vec<i32> = refs.rows.iter().map(|&r| r as i32).collect();
+    ts.push(t("checked_rows", vec![rows_i32.len()], DumpData::I32(&rows_i32)));
+    ts.push(t(
+        "ref.o",
+        vec![refs.full.rows.len(), refs.full.heads, refs.full.d_v],
+        DumpData::F64(&refs.full.o),
+    ));
+    ts.push(t(
+        "ref.lse",
+        vec![refs.full.rows.len(), refs.full.heads],
+        DumpData::F64(&refs.full.lse),
+    ));
+    for o in out {
+        let rows = o.data.len() / o.row_len.max(1);
+        ts.push(t(
+            &format!("out.{}", o.name),
+            vec![rows, o.row_len],
+            DumpData::F32(&o.data),
+        ));
+    }
+    let mut meta = std::collections::BTreeMap::new();
+    meta.insert("case".to_string(), case.key());
+    meta.insert("status".to_string(), format!("{:?}", row.status));
+    meta.insert("repro".to_string(), row.repro.clone());
+    let path = dir.join(format!("{}__{}.safetensors", case.id, case.variant));
+    write_safetensors(&path, &ts, meta)
 }
 
 #[cfg(test)]

@@ -120,7 +120,7 @@ mod tests {
 
     #[test]
     fn study_floats_stay_strings() {
-        let p = crate::splits::Point {
+        let p = crate::judge::split_regret::Point {
             n: 3,
             median_ms: f64::INFINITY,
             p10_ms: 1.0,

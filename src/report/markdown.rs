@@ -178,10 +178,10 @@ fn ceilings(s: &mut String, meta: &RunMeta) {
 
 /// Table cell text: pipes escaped, line breaks flattened.
 /// The hand-off as a reader of a pull request needs it.
-fn handoff_words(h: crate::case::Handoff) -> &'static str {
+fn handoff_words(h: crate::backend::Handoff) -> &'static str {
     match h {
-        crate::case::Handoff::Pdl => "pdl (programmatic dependent launch of the reduce/merge)",
-        crate::case::Handoff::Stream => "stream (the reduce/merge launches after the forward)",
+        crate::backend::Handoff::Pdl => "pdl (programmatic dependent launch of the reduce/merge)",
+        crate::backend::Handoff::Stream => "stream (the reduce/merge launches after the forward)",
     }
 }
 

@@ -2,17 +2,17 @@
 //! (and `--dump`) decide where they go, so every format can be tested
 //! without touching the disk.
 
-pub mod ab;
-pub mod compare;
+pub mod baseline;
 pub mod csv;
 pub mod dump;
 mod format;
 pub mod json;
 pub mod junit;
+pub mod kernel_ab;
 pub mod markdown;
 pub mod progress;
 mod run_dir;
-pub mod splits;
+pub mod split_regret;
 pub mod table;
 
 pub use run_dir::RunDir;
@@ -50,8 +50,8 @@ pub struct RunMeta {
     #[serde(default = "crate::case::Ps1Schedule::before_choice")]
     pub ps1_schedule: crate::case::Ps1Schedule,
     /// How the second kernels followed their forwards (`--handoff`).
-    #[serde(default = "crate::case::Handoff::before_choice")]
-    pub handoff: crate::case::Handoff,
+    #[serde(default = "crate::backend::Handoff::before_choice")]
+    pub handoff: crate::backend::Handoff,
     /// (case, variant) rows the run is to hold; `None` in runs made before
     /// the count was kept.
     #[serde(default)]
@@ -403,7 +403,7 @@ mod tests {
         assert_eq!(json["handoff"], "pdl");
         json.as_object_mut().unwrap().remove("handoff");
         let old: RunMeta = serde_json::from_value(json).unwrap();
-        assert_eq!(old.handoff, crate::case::Handoff::Stream);
+        assert_eq!(old.handoff, crate::backend::Handoff::Stream);
     }
 
     #[test]

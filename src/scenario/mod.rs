@@ -7,12 +7,13 @@ pub mod raw;
 
 use std::path::{Path, PathBuf};
 
+use crate::case::TargetProfile;
 use crate::case::{
     compose_id, stable_hash, Case, CaseParams, Dtype, LayerType, MlaParams, PoolOrder, Ps1Schedule, V4Knobs, V4Params,
 };
+use crate::dcp::Dcp;
 use crate::error::InputError;
 use crate::metrics::Tolerances;
-use crate::plan::gate::TargetProfile;
 use crate::variants::{Family, VariantId};
 use axis::{required, str_axis, usize_axis};
 use lengths::LengthSpec;
@@ -435,13 +436,6 @@ pub struct Expansion {
     pub dropped: Vec<String>,
 }
 
-fn native_page_size(v: VariantId) -> usize {
-    match v {
-        VariantId::Page64 => 64,
-        _ => 1,
-    }
-}
-
 pub fn expand(sc: &Scenario) -> Expansion {
     let mut cases = Vec::new();
     let mut dropped = Vec::new();
@@ -461,8 +455,10 @@ pub fn expand(sc: &Scenario) -> Expansion {
                                 }
                                 for &dtype in &b.dtype {
                                     for &variant in &b.variants {
-                                        let pages: Vec<usize> =
-                                            b.page_size.clone().unwrap_or_else(|| vec![native_page_size(variant)]);
+                                        let pages: Vec<usize> = b
+                                            .page_size
+                                            .clone()
+                                            .unwrap_or_else(|| vec![variant.info().native_page_size]);
                                         for ps in pages {
                                             let contig = if b.pool == PoolOrder::Contiguous { "-contig" } else { "" };
                                             let shape = format!(
@@ -480,8 +476,10 @@ pub fn expand(sc: &Scenario) -> Expansion {
                                                 ctx: ctx.lengths(batch, seed),
                                                 ctx_label: ctx.label(),
                                                 heads_local: hl,
-                                                dcp_world: w,
-                                                interleave: s,
+                                                dcp: Dcp {
+                                                    world: w,
+                                                    interleave: s,
+                                                },
                                                 s_q,
                                                 dtype,
                                                 page_size: ps,
@@ -559,7 +557,7 @@ pub fn expand(sc: &Scenario) -> Expansion {
                                     replay: b.replay,
                                 };
                                 for &variant in &b.variants {
-                                    let split_axis: Vec<Option<usize>> = if variant == VariantId::V4Split {
+                                    let split_axis: Vec<Option<usize>> = if variant.info().takes_split_axis {
                                         b.splits.clone()
                                     } else {
                                         vec![None]

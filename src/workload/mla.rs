@@ -5,7 +5,7 @@ use rand::seq::SliceRandom;
 use rayon::prelude::*;
 
 use super::codec::{self, BF16_NAN, E4M3_MAX, E4M3_NAN};
-use super::dcp;
+
 use super::rng;
 use super::Elems;
 use crate::case::{Dtype, MlaParams, PoolOrder, MLA_D_QK};
@@ -56,7 +56,10 @@ impl MlaWorkload {
     /// share the expensive part. Equal to a fresh build at that page size.
     pub fn repage(&mut self, page_size: usize, seed: u64) {
         self.p.page_size = page_size;
-        self.shards = (0..self.p.dcp_world)
+        self.shards = self
+            .p
+            .dcp
+            .ranks()
             .map(|r| build_shard(&self.p, r, &self.kv, &self.g_kv_indptr, seed))
             .collect();
     }
@@ -145,7 +148,9 @@ pub fn build(p: &MlaParams, seed: u64) -> Result<MlaWorkload> {
 
     let qo_indptr = (0..=p.batch).map(|b| (b * p.s_q) as i32).collect();
 
-    let shards = (0..p.dcp_world)
+    let shards = p
+        .dcp
+        .ranks()
         .map(|r| build_shard(p, r, &kv.elems, &g_kv_indptr, seed))
         .collect();
 
@@ -166,8 +171,8 @@ pub fn build(p: &MlaParams, seed: u64) -> Result<MlaWorkload> {
 }
 
 fn build_shard(p: &MlaParams, r: usize, kv: &Elems, g_kv_indptr: &[i32], seed: u64) -> MlaShard {
-    let (w, s, ps) = (p.dcp_world, p.interleave, p.page_size);
-    let local_lens: Vec<usize> = p.ctx.iter().map(|&l| dcp::local_len(r, l, w, s)).collect();
+    let (dcp, ps) = (p.dcp, p.page_size);
+    let local_lens: Vec<usize> = p.ctx.iter().map(|&l| dcp.local_len(r, l)).collect();
     let pages_per_seq: Vec<usize> = local_lens.iter().map(|&n| n.div_ceil(ps)).collect();
     let used: usize = pages_per_seq.iter().sum();
     // Slack pages stay NaN, so any read outside the page table shows up.
@@ -206,7 +211,7 @@ fn build_shard(p: &MlaParams, r: usize, kv: &Elems, g_kv_indptr: &[i32], seed: u
     let lens = shard.local_lens.clone();
     for (b, (&n, &g0)) in lens.iter().zip(g_kv_indptr).enumerate() {
         for j in 0..n {
-            let g = dcp::global_pos(j, r, w, s);
+            let g = dcp.global_pos(j, r);
             let src = (g0 as usize + g) * MLA_D_QK;
             let dst = shard.slot(b, j, ps) * MLA_D_QK;
             match (&mut shard.pool, kv) {
@@ -222,6 +227,7 @@ fn build_shard(p: &MlaParams, r: usize, kv: &Elems, g_kv_indptr: &[i32], seed: u
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dcp::Dcp;
 
     fn params(dtype: Dtype, ps: usize, w: usize, s: usize) -> MlaParams {
         MlaParams {
@@ -229,8 +235,10 @@ mod tests {
             ctx: vec![1, 70, 129],
             ctx_label: "t".into(),
             heads_local: 2,
-            dcp_world: w,
-            interleave: s,
+            dcp: Dcp {
+                world: w,
+                interleave: s,
+            },
             s_q: 2,
             dtype,
             page_size: ps,
@@ -265,11 +273,11 @@ mod tests {
             for sh in &wl.shards {
                 written.iter_mut().for_each(|x| *x = false);
                 for b in 0..p.batch {
-                    assert_eq!(sh.local_lens[b], dcp::local_len(sh.rank, p.ctx[b], w, s));
+                    assert_eq!(sh.local_lens[b], p.dcp.local_len(sh.rank, p.ctx[b]));
                     for j in 0..sh.local_lens[b] {
                         let slot = sh.slot(b, j, ps);
                         written[slot] = true;
-                        let g = dcp::global_pos(j, sh.rank, w, s);
+                        let g = p.dcp.global_pos(j, sh.rank);
                         for d in [0, 100, 575] {
                             assert_eq!(decode(&sh.pool, slot * MLA_D_QK + d), wl.kv_row(b, g)[d]);
                         }

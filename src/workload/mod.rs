@@ -5,7 +5,6 @@
 //! tensors also keep the unquantized source, for the quantization-noise level.
 
 pub mod codec;
-pub mod dcp;
 pub mod mla;
 pub mod rng;
 pub mod v4;

@@ -20,7 +20,7 @@ const SAMPLES: usize = 10;
 const COPY_BYTES: usize = 2 << 30;
 /// mma.sync m16n8k16: 2 * 16 * 8 * 16 FLOP.
 const MMA_FLOP: f64 = 4096.0;
-/// Accumulator chains per warp in probe.cu (MLAB_MMA_CHAINS).
+/// Accumulator chains per warp: `MMA_CHAINS` of probe.cu's `mlab_mma_bf16`, which must match.
 const MMA_CHAINS: f64 = 8.0;
 const MMA_BLOCK: u32 = 256;
 /// GPU busy-wait before each timed probe run, so host launch latency is
@@ -240,7 +240,6 @@ pub fn launch_overhead(dev: &CudaDevice, probe: &Probe, timer: &Timer) -> Result
         min_time_ms: 0.0,
         cold_l2: false,
         graph: false,
-        handoff: Default::default(),
     };
     let aids = Aids {
         flush: None,

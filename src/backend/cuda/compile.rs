@@ -12,7 +12,8 @@ use cudarc::nvrtc::sys as nv;
 use super::cache::{self, KernelCache};
 use super::error::{CompileError, EnvError};
 use super::libs::{self, NvrtcLib};
-use super::spec::KernelSpec;
+use super::ptxas::{self, EntryResources};
+use crate::variants::KernelSpec;
 
 /// The architecture to compile for: `sm_90a` on compute capability 9.0
 /// (our kernels may use Hopper-only instructions), else `sm_XY`.
@@ -138,6 +139,25 @@ impl Compiler {
         })
     }
 
+    /// ptxas's resources of each entry point of one configuration. Always
+    /// compiles (a cached CUBIN has no ptxas report) and checks the entry
+    /// points as [`Compiler::compile`] does.
+    pub fn resources(&self, spec: &KernelSpec) -> Result<Vec<EntryResources>, CompileError> {
+        let label = self.label(spec);
+        let path = self.kernels_dir.join(spec.file);
+        let source = std::fs::read(&path).map_err(|e| CompileError::Source {
+            path: path.display().to_string(),
+            err: e.to_string(),
+        })?;
+        let mut options = self.options(spec);
+        options.push("--ptxas-options=-v".into());
+        let (cubin, log) = nvrtc_compile(&label, spec.file, &source, &options)?;
+        check_entry_points(&cubin, spec, &label)?;
+        let mut found = ptxas::parse(&log);
+        found.retain(|e| spec.entry_points.iter().any(|n| *n == e.entry));
+        Ok(found)
+    }
+
     /// Compiles every configuration (in parallel; NVRTC programs are
     /// independent), reporting each one's result.
     pub fn check_all(&self, specs: &[KernelSpec]) -> CheckResults {
@@ -156,6 +176,15 @@ pub type CheckResults = Vec<(KernelSpec, Result<(), CompileError>)>;
 pub fn check_all(kernels_dir: &Path, specs: &[KernelSpec], arch: &str) -> Result<CheckResults, EnvError> {
     Ok(Compiler::new(kernels_dir, arch)?.check_all(specs))
 }
+
+/// `mlabench kernels --resources`: ptxas's report of every configuration.
+pub fn resources_all(kernels_dir: &Path, specs: &[KernelSpec], arch: &str) -> Result<ResourceResults, EnvError> {
+    let c = Compiler::new(kernels_dir, arch)?;
+    Ok(specs.par_iter().map(|s| (s.clone(), c.resources(s))).collect())
+}
+
+/// Each configuration with its entry points' resources.
+pub type ResourceResults = Vec<(KernelSpec, Result<Vec<EntryResources>, CompileError>)>;
 
 /// Entry points are ELF symbols: their names sit NUL-delimited in the
 /// string table. A missing one is usually a forgotten `extern "C"`.
@@ -340,7 +369,7 @@ mod tests {
         assert_eq!(again.cubin, first.cubin);
         assert_eq!(again.key, first.key);
         // A define is part of the key: a new configuration compiles afresh.
-        let other = c.compile(&spec.clone().define("MLAB_MMA_CHAINS", 4)).unwrap();
+        let other = c.compile(&spec.clone().define("MLAB_TEST_DEFINE", 4)).unwrap();
         assert!(!other.cache_hit);
         assert_ne!(other.key, first.key);
     }
@@ -367,6 +396,21 @@ mod tests {
         // NVRTC's own diagnostic, verbatim: file(line): error: ...
         assert!(msg.contains("broken.cu(1): error"), "{msg}");
         assert!(msg.contains("undeclared_thing"), "{msg}");
+    }
+
+    #[test]
+    fn resources_name_every_entry_point_with_its_registers() {
+        let Some(c) = compiler_or_skip(None) else {
+            return;
+        };
+        let spec = probe::spec();
+        let r = c.resources(&spec).unwrap_or_else(|e| panic!("{e}"));
+        let mut names: Vec<&str> = r.iter().map(|e| e.entry.as_str()).collect();
+        names.sort_unstable();
+        let mut want: Vec<&str> = spec.entry_points.clone();
+        want.sort_unstable();
+        assert_eq!(names, want);
+        assert!(r.iter().all(|e| e.registers > 0), "{r:?}");
     }
 
     #[test]

@@ -23,8 +23,8 @@ use cudarc::driver::{
 use super::error::EnvError;
 use super::libs;
 use super::report::DeviceProps;
-use super::spec::KernelSpec;
 use crate::backend::BackendError;
+use crate::variants::KernelSpec;
 
 /// Device memory holding `len` elements of `T`.
 pub type DeviceBuffer<T> = CudaSlice<T>;
@@ -35,6 +35,7 @@ pub enum RawArg {
     /// A device address ([`CudaDevice::addr`]); 0 passes a null pointer.
     Ptr(sys::CUdeviceptr),
     I32(i32),
+    F32(f32),
 }
 
 /// CUresult codes after which the context cannot be used again.
@@ -216,9 +217,9 @@ impl CudaDevice {
     }
 
     /// [`CudaDevice::fill_u32`] through a shared handle, for scratch buffers
-    /// (partials, workspaces) that kernels also write through shared handles:
-    /// the device memory is not Rust memory, and this stream orders the
-    /// memset against every launch that uses the buffer.
+    /// (partials, workspaces, outputs) that kernels also write through shared
+    /// handles: the device memory is not Rust memory, and this stream orders
+    /// the memset against every launch that uses the buffer.
     pub fn fill_u32_scratch<T>(&self, buf: &DeviceBuffer<T>, bits: u32) -> Result<(), BackendError> {
         let bytes = buf.num_bytes();
         if bytes % 4 != 0 {
@@ -226,13 +227,37 @@ impl CudaDevice {
                 "fill_u32 on {bytes} bytes (not a multiple of 4); use fill_u16 or fill_u8"
             )));
         }
+        self.memset_shared(buf, |p, s| {
+            // SAFETY: p is this buffer's device pointer, valid for `bytes`
+            // bytes and 256-byte aligned.
+            unsafe { sys::cuMemsetD32Async(p, bits, bytes / 4, s) }
+        })
+    }
+
+    /// [`CudaDevice::fill_u16`] through a shared handle (see
+    /// [`CudaDevice::fill_u32_scratch`]).
+    pub fn fill_u16_scratch<T>(&self, buf: &DeviceBuffer<T>, bits: u16) -> Result<(), BackendError> {
+        let bytes = buf.num_bytes();
+        if bytes % 2 != 0 {
+            return Err(BackendError::Failed(format!(
+                "fill_u16 on {bytes} bytes (odd); use fill_u8"
+            )));
+        }
+        self.memset_shared(buf, |p, s| {
+            // SAFETY: as in fill_u32_scratch, for bytes / 2 16-bit words.
+            unsafe { sys::cuMemsetD16Async(p, bits, bytes / 2, s) }
+        })
+    }
+
+    fn memset_shared<T>(
+        &self,
+        buf: &DeviceBuffer<T>,
+        f: impl FnOnce(sys::CUdeviceptr, sys::CUstream) -> sys::CUresult,
+    ) -> Result<(), BackendError> {
         self.alive()?;
         self.check("binding the context", self.ctx.bind_to_thread())?;
         let (ptr, _guard) = buf.device_ptr(&self.stream);
-        // SAFETY: ptr is this buffer's device pointer, valid for `bytes` bytes
-        // and 256-byte aligned; the memset is queued on the buffer's stream.
-        let r = unsafe { sys::cuMemsetD32Async(ptr, bits, bytes / 4, self.stream.cu_stream()) };
-        self.check("cuMemsetAsync", r.result())
+        self.check("cuMemsetAsync", f(ptr, self.stream.cu_stream()).result())
     }
 
     /// Fills with a repeated 16-bit pattern (byte size a multiple of 2).
@@ -354,6 +379,7 @@ impl CudaDevice {
             .map(|a| match *a {
                 RawArg::Ptr(p) => p,
                 RawArg::I32(v) => v as u32 as u64,
+                RawArg::F32(v) => v.to_bits() as u64,
             })
             .collect();
         let mut params: Vec<*mut std::ffi::c_void> = slots.iter_mut().map(|v| v as *mut u64 as *mut _).collect();
@@ -465,7 +491,6 @@ impl CudaDevice {
     }
 }
 
-/// `CUDA_ERROR_ILLEGAL_ADDRESS (an illegal memory access was encountered)`.
 /// Whether `name` is a NUL-delimited string in the image (ELF symbol names
 /// are, in the string table).
 pub fn elf_has_symbol(image: &[u8], name: &str) -> bool {
@@ -476,6 +501,7 @@ pub fn elf_has_symbol(image: &[u8], name: &str) -> bool {
     image.windows(needle.len()).any(|w| w == needle.as_slice())
 }
 
+/// `CUDA_ERROR_ILLEGAL_ADDRESS (an illegal memory access was encountered)`.
 pub fn describe(e: DriverError) -> String {
     let name = e
         .error_name()

@@ -1,32 +1,34 @@
-//! CUDA backend: cudarc driver wrapper, NVRTC compile + cache, event and
-//! graph timing, measured ceilings. Variant launches are built on
-//! [`CudaBackend::module`], [`CudaDevice::launch`] and [`CudaBackend::time_region`].
+//! CUDA backend: only the device. The cudarc driver wrapper, NVRTC compile
+//! and cache, event and graph timing, measured ceilings, and the one
+//! sequence that runs any variant's programs (exec.rs).
 
 mod cache;
 pub mod ceilings;
 pub mod compile;
 pub mod device;
 pub mod error;
-mod launch;
+mod exec;
 mod libs;
 pub mod probe;
+pub mod ptxas;
 pub mod report;
-pub mod spec;
 pub mod timing;
 
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
-pub use compile::{check_all, default_arch, CheckResults, Compiled, Compiler};
+pub use crate::variants::KernelSpec;
+pub use compile::{check_all, default_arch, resources_all, CheckResults, Compiled, Compiler, ResourceResults};
 pub use cudarc::driver::LaunchConfig;
 pub use device::{CudaDevice, DeviceBuffer, Graph, Kernel, KernelResources, Launch, LoadedModule, RawArg};
 pub use error::{CompileError, EnvError};
+pub use ptxas::EntryResources;
 pub use report::{Ceilings, DeviceProps, DeviceReport, LaunchOverhead};
-pub use spec::KernelSpec;
 pub use timing::{Aids, Cold, L2Flush, RegionSamples, Timer};
 
-use super::{Backend, BackendError, DeviceInfo, RunOutput, RunRequest, Samples, TimingOptions};
+use super::{Backend, BackendError, DeviceInfo, Exec, RunOutput, Samples, TimingOptions};
+use crate::variants::{Job, Variant};
 use probe::Probe;
 
 /// What [`CudaBackend::open_with`] does besides opening the device.
@@ -62,7 +64,7 @@ pub struct CudaBackend {
     pub launch_overhead: Option<LaunchOverhead>,
     info: DeviceInfo,
     modules: HashMap<KernelSpec, Arc<LoadedModule>>,
-    notes: Vec<String>,
+    pub(super) notes: Vec<String>,
 }
 
 impl CudaBackend {
@@ -240,8 +242,9 @@ impl Backend for CudaBackend {
         &self.info
     }
 
-    fn run(&mut self, req: &RunRequest) -> Result<RunOutput, BackendError> {
-        self.run_request(req)
+    fn run(&mut self, unit: &dyn Variant, job: &Job, exec: &Exec) -> Result<RunOutput, BackendError> {
+        let programs = unit.programs(job).map_err(BackendError::Failed)?;
+        self.execute(&programs, exec)
     }
 
     fn free_memory(&self) -> Option<u64> {

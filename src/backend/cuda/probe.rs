@@ -1,8 +1,8 @@
 //! The kernels of kernels/probe.cu, loaded once per backend.
 
 use super::device::{CudaDevice, Kernel, LoadedModule};
-use super::spec::KernelSpec;
 use crate::backend::BackendError;
+use crate::variants::KernelSpec;
 
 pub const FILE: &str = "probe.cu";
 pub const COPY: &str = "mlab_copy_u128";

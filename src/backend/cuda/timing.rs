@@ -143,8 +143,8 @@ impl Timer {
     /// [`Timer::time_region`] for `regions` regions at once, `launch(r, i)`
     /// queuing launch `i` of region `r` (counted per region, so rotating
     /// inputs by `i` cycles each region through every copy). Their samples
-    /// alternate (r0 r1 r0 r1 ...), so a drift of the device over the case (session 5 saw a second region run
-    /// 9-12% slower than an identical first one) lands on every region alike
+    /// alternate (r0 r1 r0 r1 ...), so a drift of the device over the case (a second region has run 9-12%
+    /// slower than an identical first one on the H200) lands on every region alike
     /// instead of on whichever ran last. Every region gets the same number of
     /// samples; sampling stops when the region with the least measured time
     /// meets the minimums.

@@ -1,0 +1,296 @@
+//! The run's knobs, built and validated once from what the user typed (as
+//! hyperfine's `Options` are): what to check, how to time, how to launch,
+//! where outputs go. The repro command, the resume key, the run's meta and
+//! its summary lines all derive from this one value, so a new knob is a
+//! flag in cli.rs, a field here, and its one consumer.
+
+use std::path::{Path, PathBuf};
+
+use super::memory;
+use crate::backend::{Backend, Exec, Handoff, TimingOptions};
+use crate::case::{Case, Ps1Schedule};
+use crate::cli::{BackendChoice, Execution, RunArgs};
+use crate::error::InputError;
+use crate::report::RunMeta;
+use crate::runner::CaseOptions;
+use crate::variants::{Fault, VariantId};
+
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    pub backend: BackendChoice,
+    pub kernels_dir: PathBuf,
+    /// A seeded sample of this many query rows per case; `None`: every row.
+    pub check_rows: Option<usize>,
+    /// Checked launches per case; `None`: the backend's default.
+    pub repeat_checks: Option<usize>,
+    pub timing: TimingOptions,
+    pub handoff: Handoff,
+    pub ps1_schedule: Ps1Schedule,
+    /// Variants run past a gate that rejects them.
+    pub force: Vec<VariantId>,
+    pub dump: Option<PathBuf>,
+    pub junit: Option<PathBuf>,
+    /// Host memory one case may use; `None`: what the machine has free.
+    pub max_memory: Option<u64>,
+    pub out: PathBuf,
+    pub run_id: Option<String>,
+    pub cpu_fault: Option<Fault>,
+}
+
+impl RunOptions {
+    /// `mlabench run`'s options, refused before anything runs when they
+    /// would check or time nothing, or lose an output.
+    pub fn from_run(a: &RunArgs) -> Result<RunOptions, InputError> {
+        let mut o = Self::from_exec(&a.exec, !a.no_timing, !a.warm_l2)?;
+        o.ps1_schedule = a.ps1_schedule.parse().map_err(InputError::Usage)?;
+        o.force = super::parse_variants(&a.force, "--force")?;
+        o.dump = a.dump.clone();
+        o.junit = a.junit.clone();
+        o.cpu_fault = a
+            .cpu_fault
+            .as_deref()
+            .map(|f| {
+                f.parse::<Fault>()
+                    .map_err(|m| InputError::Usage(format!("--cpu-fault: {m}")))
+            })
+            .transpose()?;
+        if let Some(d) = &o.dump {
+            writable_dir(d, "--dump")?;
+        }
+        if let Some(j) = &o.junit {
+            let dir = j
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(Path::new("."));
+            writable_dir(dir, "--junit")?;
+        }
+        Ok(o)
+    }
+
+    /// What `run` and `splits` share: where to run, what to check, how to time.
+    pub fn from_exec(e: &Execution, timed: bool, cold_l2: bool) -> Result<RunOptions, InputError> {
+        let usage = |m: String| Err(InputError::Usage(m));
+        if e.check_rows == Some(0) {
+            return usage("--check-rows 0 checks no row, so every case would pass; give N >= 1, or leave the flag out to check every row".into());
+        }
+        if e.min_samples == 0 {
+            return usage(
+                "--min-samples 0 would report statistics of no sample; give at least 1 (the default is 10)".into(),
+            );
+        }
+        if !(e.min_time_ms.is_finite() && e.min_time_ms >= 0.0) {
+            return usage(format!(
+                "--min-time-ms {}: give a time >= 0 in milliseconds",
+                e.min_time_ms
+            ));
+        }
+        if e.repeat_checks == Some(0) {
+            return usage(
+                "--repeat-checks 0 would run no checked launch; give at least 1 (2 compares two launches bit for bit)"
+                    .into(),
+            );
+        }
+        if !e.kernels_dir.is_dir() {
+            return usage(format!(
+                "--kernels-dir {}: no such directory; point it at the repository's kernels/ (or a copy of it)",
+                e.kernels_dir.display()
+            ));
+        }
+        Ok(RunOptions {
+            backend: e.backend,
+            kernels_dir: e.kernels_dir.clone(),
+            check_rows: e.check_rows,
+            repeat_checks: e.repeat_checks,
+            timing: TimingOptions {
+                enabled: timed,
+                warmup: e.warmup,
+                min_samples: e.min_samples,
+                min_time_ms: e.min_time_ms,
+                cold_l2,
+                graph: e.graph,
+            },
+            handoff: e.handoff.parse().map_err(InputError::Usage)?,
+            ps1_schedule: Ps1Schedule::default(),
+            force: vec![],
+            dump: None,
+            junit: None,
+            max_memory: e.max_memory.as_deref().map(memory::parse_size).transpose()?,
+            out: e.out.clone(),
+            run_id: e.run_id.clone(),
+            cpu_fault: None,
+        })
+    }
+
+    /// The case-level knobs: forcing past a gate and the ps1 schedule change
+    /// what a case's plan is, so the cases carry them.
+    pub fn apply(&self, cases: &mut [Case]) {
+        for c in cases {
+            c.force |= self.force.contains(&c.variant);
+            c.ps1_schedule = self.ps1_schedule;
+        }
+    }
+
+    /// The kernels a run needs must be there on every backend: a CPU run that
+    /// passes while pointing at no kernels says nothing about them.
+    pub fn check_kernels(&self, cases: &[Case]) -> Result<(), InputError> {
+        let mut missing: Vec<&str> = cases
+            .iter()
+            .map(|c| c.variant.info().kernel_file)
+            .filter(|f| !self.kernels_dir.join(f).is_file())
+            .collect();
+        missing.sort_unstable();
+        missing.dedup();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        Err(InputError::Usage(format!(
+            "--kernels-dir {}: has no {} for the variants this run asks for; point it at a copy of the repository's kernels/",
+            self.kernels_dir.display(),
+            missing.join(", ")
+        )))
+    }
+
+    /// Checked launches on `backend`: a GPU's launches can race, so two are
+    /// compared there; the CPU emulation is deterministic by construction.
+    pub fn repeats(&self, backend: &str) -> usize {
+        self.repeat_checks.unwrap_or(default_repeats(backend))
+    }
+
+    /// The flags every row's repro command repeats: those that change what
+    /// the row is (backend, sampling, hand-off, schedule, forcing).
+    pub fn repro_flags(&self, backend: &str) -> String {
+        let mut f = format!(" --backend {backend}");
+        if let Some(n) = self.check_rows {
+            f.push_str(&format!(" --check-rows {n}"));
+        }
+        if self.handoff != Handoff::default() {
+            f.push_str(&format!(" --handoff {}", self.handoff));
+        }
+        if self.repeats(backend) != default_repeats(backend) {
+            f.push_str(&format!(" --repeat-checks {}", self.repeats(backend)));
+        }
+        if self.ps1_schedule != Ps1Schedule::default() {
+            f.push_str(&format!(" --ps1-schedule {}", self.ps1_schedule));
+        }
+        for v in &self.force {
+            f.push_str(&format!(" --force {v}"));
+        }
+        f
+    }
+
+    /// What the runner needs, for this backend.
+    pub fn case_options(&self, backend: &dyn Backend) -> CaseOptions {
+        let name = backend.info().backend.as_str();
+        CaseOptions {
+            check_rows: self.check_rows,
+            exec: Exec {
+                timing: self.timing.clone(),
+                repeats: self.repeats(name),
+                handoff: self.handoff,
+            },
+            repro_flags: self.repro_flags(name),
+        }
+    }
+
+    /// What a run was, for its directory (`prefix` + UTC stamp when unnamed).
+    pub fn meta(&self, backend: &dyn Backend, scenarios: &[PathBuf], prefix: &str) -> RunMeta {
+        RunMeta {
+            run_id: self
+                .run_id
+                .clone()
+                .unwrap_or_else(|| format!("{prefix}{}", chrono::Utc::now().format("%Y%m%d-%H%M%S"))),
+            started: chrono::Utc::now().to_rfc3339(),
+            mlabench_version: env!("CARGO_PKG_VERSION").to_string(),
+            command: std::env::args().collect::<Vec<_>>().join(" "),
+            scenarios: scenarios.iter().map(|p| p.display().to_string()).collect(),
+            backend: backend.info().backend.clone(),
+            device: backend.info().clone(),
+            check_rows: self.check_rows,
+            reference_gflops: None,
+            resumed: vec![],
+            kernels: crate::provenance::stamp_kernels(&self.kernels_dir),
+            ps1_schedule: self.ps1_schedule,
+            handoff: self.handoff,
+            planned: None,
+        }
+    }
+
+    /// Why a run made under `old` cannot be continued by this one, if it
+    /// cannot: its rows would not be one report. The resume key is every
+    /// knob that changes what a row is.
+    pub fn resume_conflict(old: &RunMeta, new: &RunMeta) -> Option<(String, String, String)> {
+        let show_rows = |c: Option<usize>| c.map_or("all rows".to_string(), |n| format!("--check-rows {n}"));
+        let pairs = [
+            (
+                "scenarios",
+                old.scenarios.join(" "),
+                new.scenarios.join(" "),
+                same_files(&old.scenarios, &new.scenarios),
+            ),
+            (
+                "backend",
+                old.backend.clone(),
+                new.backend.clone(),
+                old.backend == new.backend,
+            ),
+            (
+                "row sampling",
+                show_rows(old.check_rows),
+                show_rows(new.check_rows),
+                old.check_rows == new.check_rows,
+            ),
+            (
+                "ps1 schedule",
+                format!("--ps1-schedule {}", old.ps1_schedule),
+                format!("--ps1-schedule {}", new.ps1_schedule),
+                old.ps1_schedule == new.ps1_schedule,
+            ),
+            (
+                "merge hand-off",
+                format!("--handoff {}", old.handoff),
+                format!("--handoff {}", new.handoff),
+                old.handoff == new.handoff,
+            ),
+        ];
+        if let Some((what, was, now, _)) = pairs.into_iter().find(|p| !p.3) {
+            return Some((what.to_string(), was, now));
+        }
+        // A run stamped before stamps existed has none: nothing to hold it to.
+        if let (Some(was), Some(now)) = (&old.kernels, &new.kernels) {
+            if was.sha256 != now.sha256 {
+                let show = |k: &crate::provenance::KernelsStamp| format!("sha256 {} ({})", k.short(), k.dir);
+                return Some(("kernel sources".into(), show(was), show(now)));
+            }
+        }
+        None
+    }
+}
+
+fn default_repeats(backend: &str) -> usize {
+    if backend == "cpu" {
+        1
+    } else {
+        2
+    }
+}
+
+/// A directory a flag will write into must take writes now, not fail at the end.
+fn writable_dir(dir: &Path, flag: &str) -> Result<(), InputError> {
+    let probe = dir.join(format!(".mlabench-write-test-{}", std::process::id()));
+    std::fs::create_dir_all(dir)
+        .and_then(|_| std::fs::write(&probe, b"ok"))
+        .and_then(|_| std::fs::remove_file(&probe))
+        .map_err(|e| {
+            InputError::Usage(format!(
+                "{flag} {}: cannot write there ({e}); give a path in a directory you can write",
+                dir.display()
+            ))
+        })
+}
+
+/// Whether two lists name the same scenario files, however the paths were
+/// spelled (`./scenarios/x.toml` and `scenarios/x.toml` are one file).
+fn same_files(a: &[String], b: &[String]) -> bool {
+    let norm = |p: &String| std::fs::canonicalize(p).unwrap_or_else(|_| Path::new(p).components().collect::<PathBuf>());
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| norm(x) == norm(y))
+}

@@ -1,0 +1,230 @@
+//! What a variant asks a GPU to do for one checked launch, as data: the
+//! buffers (uploaded, zeroed, or poisoned before every launch), the kernel
+//! calls with their grids and arguments, the outputs to download, counters
+//! that must be back at zero after each launch, and replay steps for a
+//! captured graph. The CUDA backend executes any program the same way
+//! (upload, poison, launch, sync, download, time), so a variant gives data,
+//! not code, and the device code is written once.
+
+use std::borrow::Cow;
+
+use super::heads::PaddedHeads;
+use super::KernelSpec;
+
+/// A buffer of a [`Program`], by its position in `buffers`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BufId(pub usize);
+
+/// How a buffer starts.
+#[derive(Clone, Debug)]
+pub enum Init<'a> {
+    /// These bytes, once, before the first launch (a shorter upload fills
+    /// the buffer's start: replay steps may hold less).
+    Upload(Cow<'a, [u8]>),
+    /// Zeros, once (counters that a kernel keeps at zero at rest).
+    Zero,
+    /// This pattern before every checked launch and every replay: outputs, so
+    /// an element nobody wrote shows, and scratch (partials, workspaces), so a
+    /// read before the write shows.
+    Poison(Fill),
+}
+
+/// A poison pattern.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fill {
+    /// bf16 outputs: [`crate::metrics::POISON_BF16`] in every 16-bit word.
+    Bf16,
+    /// f32 outputs and scratch: [`crate::metrics::POISON_BITS`].
+    F32,
+}
+
+#[derive(Clone, Debug)]
+pub struct Buffer<'a> {
+    /// For error messages.
+    pub name: &'static str,
+    pub bytes: usize,
+    pub init: Init<'a>,
+}
+
+/// A kernel argument.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Arg {
+    /// The device address of a buffer.
+    Buf(BufId),
+    I32(i32),
+    F32(f32),
+    /// A null pointer (an optional input left out).
+    Null,
+}
+
+/// Dynamic shared memory of a call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Smem {
+    Fixed(u32),
+    /// A merge of `blocks` blocks that may start during its forward: launched
+    /// as a programmatic dependent it asks for enough shared memory that at
+    /// most `ceil(blocks / SMs)` of its blocks share an SM (else they pile
+    /// onto the few SMs the forward leaves idle); launched after it, none.
+    DependentMerge {
+        blocks: usize,
+    },
+}
+
+/// One kernel launch.
+#[derive(Clone, Debug)]
+pub struct Call {
+    pub kernel: KernelSpec,
+    pub entry: &'static str,
+    pub grid: (u32, u32, u32),
+    pub block: u32,
+    pub smem: Smem,
+    /// In the kernel's parameter order (kernels/ABI.md).
+    pub args: Vec<Arg>,
+    /// The second kernel of a two-kernel variant (ps1's reduce, page64's and
+    /// v4_split's merge): left out of the timed `kernel` region.
+    pub second: bool,
+    /// Under `--handoff pdl`, launched as a programmatic dependent of the
+    /// call before it (when its module waits for its forward, which
+    /// `mlab_pdl_waits` says).
+    pub dependent: bool,
+}
+
+/// How an output buffer reads back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Elem {
+    Bf16,
+    F32,
+}
+
+/// An output buffer to download after each checked launch.
+#[derive(Clone, Debug)]
+pub struct Output {
+    /// Its name in the checks (`o.r0`, `lse`, ...); replays append `.stepN`.
+    pub name: String,
+    pub buf: BufId,
+    pub elem: Elem,
+    /// `[rows, heads.kernel, inner]` on the device; the padded heads are
+    /// stripped on the way back.
+    pub heads: PaddedHeads,
+    pub inner: usize,
+    /// The device holds only these rows, in order; they go back to their
+    /// row ids in a tensor of `rows` rows, the rest poison.
+    pub scatter: Option<Scatter>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Scatter {
+    pub ids: Vec<usize>,
+    pub rows: usize,
+}
+
+/// A replay of the captured calls over new contents of some buffers (what a
+/// CUDA graph sees on a later decode step).
+#[derive(Clone, Debug)]
+pub struct Replay<'a> {
+    pub uploads: Vec<(BufId, Cow<'a, [u8]>)>,
+    /// Appended to every output's name, e.g. `.step1`.
+    pub suffix: String,
+}
+
+/// One sequential pass of a variant run (an MLA variant makes one per DCP rank).
+#[derive(Clone, Debug, Default)]
+pub struct Program<'a> {
+    pub buffers: Vec<Buffer<'a>>,
+    pub calls: Vec<Call>,
+    pub outputs: Vec<Output>,
+    /// i32 buffers that must be all zero after every launch: each launch's
+    /// check is recorded, and whatever is left is cleared for the next one.
+    pub at_rest: Vec<BufId>,
+    pub replays: Vec<Replay<'a>>,
+    /// The pass that is timed (an MLA variant times rank 0, the rank with the
+    /// most tokens under round-robin sharding).
+    pub timed: bool,
+}
+
+impl<'a> Program<'a> {
+    /// Adds a buffer; its id for arguments and outputs.
+    pub fn buffer(&mut self, name: &'static str, bytes: usize, init: Init<'a>) -> BufId {
+        self.buffers.push(Buffer { name, bytes, init });
+        BufId(self.buffers.len() - 1)
+    }
+
+    /// A buffer holding `data` (any plain element type, as its bytes).
+    pub fn upload<T: bytemuck::Pod>(&mut self, name: &'static str, data: &'a [T]) -> BufId {
+        let bytes: &'a [u8] = bytemuck::cast_slice(data);
+        self.buffer(name, bytes.len(), Init::Upload(Cow::Borrowed(bytes)))
+    }
+
+    /// A buffer holding an owned copy (padded or converted data).
+    pub fn upload_owned<T: bytemuck::Pod>(&mut self, name: &'static str, data: Vec<T>) -> BufId {
+        let bytes: Vec<u8> = bytemuck::cast_slice(&data).to_vec();
+        self.buffer(name, bytes.len(), Init::Upload(Cow::Owned(bytes)))
+    }
+
+    /// A buffer poisoned with `fill` before every launch.
+    pub fn poisoned(&mut self, name: &'static str, bytes: usize, fill: Fill) -> BufId {
+        self.buffer(name, bytes, Init::Poison(fill))
+    }
+
+    /// Checks a program against itself before any device sees it: every
+    /// argument and output names a buffer, poison patterns fit the sizes,
+    /// replays upload no more than a buffer holds.
+    pub fn validate(&self) -> Result<(), String> {
+        let n = self.buffers.len();
+        let ok = |b: BufId, what: &str| {
+            if b.0 < n {
+                Ok(())
+            } else {
+                Err(format!("{what} names buffer {} of {n}", b.0))
+            }
+        };
+        for c in &self.calls {
+            // The spec's list is where entry names are declared (and checked
+            // against the CUBIN); a call names one of them.
+            if !c.kernel.entry_points.contains(&c.entry) {
+                return Err(format!(
+                    "a call launches `{}`, which {} does not declare ({})",
+                    c.entry,
+                    c.kernel.file,
+                    c.kernel.entry_points.join(", ")
+                ));
+            }
+            for a in &c.args {
+                if let Arg::Buf(b) = a {
+                    ok(*b, c.entry)?;
+                }
+            }
+        }
+        for o in &self.outputs {
+            ok(o.buf, &o.name)?;
+        }
+        for b in self.at_rest.iter().copied() {
+            ok(b, "a counter")?;
+        }
+        for b in &self.buffers {
+            if let Init::Upload(d) = &b.init {
+                if d.len() > b.bytes {
+                    return Err(format!("{} uploads {} bytes into {}", b.name, d.len(), b.bytes));
+                }
+            }
+            if matches!(b.init, Init::Poison(Fill::F32)) && b.bytes % 4 != 0 {
+                return Err(format!("{}: {} bytes is no whole number of f32", b.name, b.bytes));
+            }
+        }
+        for r in &self.replays {
+            for (b, d) in &r.uploads {
+                ok(*b, "a replay")?;
+                if d.len() > self.buffers[b.0].bytes {
+                    return Err(format!(
+                        "replay {} uploads {} bytes into {} of {}",
+                        r.suffix,
+                        d.len(),
+                        self.buffers[b.0].name,
+                        self.buffers[b.0].bytes
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,243 @@
+//! v4_split: the DeepSeek-V4 native-FP8 decode kernel with a caller-built
+//! split plan (SPEC §2 "Variant v4_split"): `n` from the heuristic per layer
+//! type (or a fixed `n`, or the kernel's own pick), the split CSR a row of
+//! the uniform `[16, T+1]` table, f32 partials without the sink, then
+//! `split_merge` adds the sink once.
+
+pub mod plan;
+
+use std::collections::BTreeSet;
+
+use super::edges::{union, Edge};
+use super::emulate::{Emulation, Fault};
+use super::program::{Arg, Call, Fill, Program, Smem};
+use super::v4::checks::PadRows;
+use super::v4::emulate::{rename, run_v4_rows, with_steps};
+use super::v4::{self, program::Inputs};
+use super::{
+    merge, Cost, Decision, Family, Job, KernelSpec, OutTensor, Plan, PlanData, PlanError, Variant, VariantId,
+    VariantInfo,
+};
+use crate::case::{Case, V4_D};
+use crate::reference::RefSet;
+use crate::result::Check;
+use crate::workload::V4Workload;
+use plan::{kv_len_bound, split_ranges, v4_split_plan, SplitPlan};
+
+pub const ID: VariantId = VariantId("v4_split");
+
+static INFO: VariantInfo = VariantInfo {
+    id: ID,
+    family: Family::V4,
+    kernel_file: "v4_split.cu",
+    contract: "V4 native-FP8 decode with a caller-built split plan from the uniform [16, T+1] table (or its own pick), attention sink, split_merge",
+    nondeterministic: None,
+    native_page_size: 1,
+    takes_split_axis: true,
+};
+
+pub struct V4Split;
+
+pub fn spec(hk: usize) -> KernelSpec {
+    KernelSpec::new("v4_split.cu", &["v4_split"]).define("V4_HEADS", hk)
+}
+
+/// The split plan of a case: the scenario's fixed `n`, else the heuristic's.
+pub fn split_plan(case: &Case) -> Result<SplitPlan, String> {
+    let p = v4::params(case)?;
+    let bound = kv_len_bound(p.layer, p.index_topk, p.max_model_len);
+    Ok(v4_split_plan(
+        p.rows,
+        p.padded_rows,
+        p.kernel_heads(),
+        bound,
+        case.cus,
+        case.v4.splits,
+    ))
+}
+
+/// What v4_split does with a plan: the unit hca_persist falls back to.
+pub(crate) struct Run;
+
+impl Run {
+    pub fn summary(s: &SplitPlan) -> String {
+        format!("n={} ({:?})", s.n, s.source)
+    }
+
+    pub fn cost(job: &Job, s: &SplitPlan) -> Cost {
+        let t = v4::workload(job).map_or(0, |w| w.t);
+        v4::cost(job, if s.n > 1 { t * s.n } else { 0 })
+    }
+
+    pub fn edges(case: &Case, n: usize) -> BTreeSet<Edge> {
+        let Some(p) = case.v4() else { return BTreeSet::new() };
+        let seqs: Vec<(usize, Vec<(usize, usize)>)> = p
+            .positions
+            .iter()
+            .map(|&pos| {
+                let len = v4::row_len(p, pos);
+                (len, split_ranges(len, n))
+            })
+            .collect();
+        union(seqs.iter().map(|(l, p)| (*l, p.as_slice())))
+    }
+
+    pub fn kernels(case: &Case) -> Vec<KernelSpec> {
+        case.v4()
+            .map(|p| vec![spec(p.kernel_heads()), merge::spec()])
+            .unwrap_or_default()
+    }
+
+    pub fn check(job: &Job, refs: &RefSet, out: &[OutTensor], replays: bool) -> Result<Vec<Check>, String> {
+        // A graph-sized launch covers all T rows (pad rows get o = 0, lse =
+        // sink); an eager one only the N real rows.
+        let pad = if job.case.v4.eager {
+            PadRows::Untouched
+        } else {
+            PadRows::Written
+        };
+        v4::checks::decode(job, refs, out, replays, Some(pad))
+    }
+
+    pub fn emulate(job: &Job, s: &SplitPlan, emu: &mut Emulation) -> Result<Vec<OutTensor>, String> {
+        let w = v4::workload(job)?;
+        let mut rows = job.rows.to_vec();
+        if !job.case.v4.eager {
+            rows.extend(w.p.rows..w.t);
+        }
+        emu.launch += 1;
+        let steps = if emu.launch == 1 { w.steps.len() } else { 0 };
+        let emu: &Emulation = emu;
+        let n = s.n;
+        let floor = emu.has(Fault::V4SplitFloor);
+        with_steps(w, steps, |ws: &V4Workload, suffix| {
+            let pieces = |i: usize| {
+                let len = ws.row_len(i);
+                let mut r = split_ranges(len, n);
+                if floor {
+                    for (k, p) in r.iter_mut().enumerate() {
+                        p.1 = (len * (k + 1) / n).max(p.0);
+                    }
+                }
+                r
+            };
+            Ok(rename(run_v4_rows(ws, &rows, pieces, emu), suffix))
+        })
+    }
+
+    pub fn programs<'a>(job: &Job<'a>, s: &'a SplitPlan) -> Result<Vec<Program<'a>>, String> {
+        let w = v4::workload(job)?;
+        let hk = w.heads;
+        let mut p = Program::default();
+        let inp = Inputs::add(&mut p, w);
+        let plan = p.upload("split_indptr", &s.split_indptr);
+        let slots = s.split_indptr[w.t] as usize;
+        let part_o = p.poisoned("partials", slots.max(1) * hk * V4_D * 4, Fill::F32);
+        let part_lse = p.poisoned("partial lse", slots.max(1) * hk * 4, Fill::F32);
+        // An eager call covers the N real rows; a graph-sized one all T.
+        let launch_rows = if job.case.v4.eager { w.p.rows } else { w.t };
+        p.calls.push(Call {
+            kernel: spec(hk),
+            entry: "v4_split",
+            grid: (v4::groups(hk), launch_rows as u32, s.n as u32),
+            block: 256,
+            smem: Smem::Fixed(v4::smem(hk)),
+            args: vec![
+                Arg::Buf(inp.q),
+                Arg::Buf(inp.q_rope),
+                Arg::Buf(inp.pool),
+                Arg::Buf(inp.pool_rope),
+                Arg::Buf(inp.kv_indptr),
+                Arg::Buf(inp.kv_indices),
+                Arg::Buf(plan),
+                Arg::F32(w.p.sm_scale as f32),
+                Arg::I32(launch_rows as i32),
+                Arg::Buf(part_o),
+                Arg::Buf(part_lse),
+            ],
+            second: false,
+            dependent: false,
+        });
+        p.calls.push(Call {
+            kernel: merge::spec(),
+            entry: "split_merge",
+            grid: ((launch_rows * hk) as u32, 1, 1),
+            block: 128,
+            smem: Smem::Fixed(0),
+            args: vec![
+                Arg::Buf(part_o),
+                Arg::Buf(part_lse),
+                Arg::Buf(plan),
+                Arg::Buf(inp.sink),
+                Arg::I32(launch_rows as i32),
+                Arg::I32(hk as i32),
+                Arg::Buf(inp.o),
+                Arg::Buf(inp.lse),
+            ],
+            second: true,
+            dependent: false,
+        });
+        Ok(vec![p])
+    }
+}
+
+fn split(plan: &Plan) -> Result<&SplitPlan, String> {
+    plan.expect::<SplitPlan>("v4_split")
+}
+
+impl Variant for V4Split {
+    fn info(&self) -> &'static VariantInfo {
+        &INFO
+    }
+
+    fn decide(&self, case: &Case) -> Decision {
+        match case.v4() {
+            Some(_) => Decision::runs("n/a"),
+            None => Decision::skips("", "v4_split does not run MLA workloads"),
+        }
+    }
+
+    fn plan(&self, case: &Case, _: &Decision, _: Option<PlanData>) -> Result<Plan, PlanError> {
+        let s = split_plan(case).map_err(|e| PlanError::new(&case.key(), e))?;
+        s.check(&case.key())?;
+        Ok(Plan::new(s))
+    }
+
+    fn summary(&self, plan: &Plan) -> String {
+        split(plan).map(Run::summary).unwrap_or_default()
+    }
+
+    fn cost(&self, job: &Job) -> Cost {
+        split(job.plan).map(|s| Run::cost(job, s)).unwrap_or_default()
+    }
+
+    fn edges(&self, case: &Case, plan: Option<&Plan>) -> BTreeSet<Edge> {
+        match plan.and_then(|p| p.of::<SplitPlan>()) {
+            Some(s) => Run::edges(case, s.n),
+            None => BTreeSet::new(),
+        }
+    }
+
+    fn all_kernels(&self) -> Vec<KernelSpec> {
+        [16, 32, 64, 128].into_iter().map(spec).chain([merge::spec()]).collect()
+    }
+
+    fn kernels(&self, case: &Case, d: &Decision) -> Vec<KernelSpec> {
+        if d.skip.is_some() {
+            return vec![];
+        }
+        Run::kernels(case)
+    }
+
+    fn check(&self, job: &Job, refs: &RefSet, out: &[OutTensor], replays: bool) -> Result<Vec<Check>, String> {
+        Run::check(job, refs, out, replays)
+    }
+
+    fn emulate(&self, job: &Job, emu: &mut Emulation) -> Result<Vec<OutTensor>, String> {
+        Run::emulate(job, split(job.plan)?, emu)
+    }
+
+    fn programs<'a>(&self, job: &Job<'a>) -> Result<Vec<Program<'a>>, String> {
+        Run::programs(job, split(job.plan)?)
+    }
+}

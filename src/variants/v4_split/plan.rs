@@ -1,0 +1,312 @@
+//! v4_split's plan (SPEC §2): the uniform split table, and the split count
+//! per layer type from the heuristic (or the kernel's own pick).
+
+use serde::Serialize;
+use std::fmt;
+
+use crate::case::{LayerType, V4_WINDOW};
+use crate::variants::page64::split;
+use crate::variants::{check_tiling, PlanError};
+
+/// Rows of the uniform table: the largest split count a plan may name.
+pub const MAX_SPLITS: usize = 16;
+
+/// The uniform split table for `t` padded rows: i32 `[16, T+1]`,
+/// `table[k][i] = (k+1) * i`. Built once per `T`; a plan reads one row, so a
+/// captured graph and its replays see the same constant memory.
+pub fn uniform_table(t: usize) -> Vec<i32> {
+    (1..=MAX_SPLITS)
+        .flat_map(|n| (0..=t).map(move |i| (n * i) as i32))
+        .collect()
+}
+
+/// Row `n - 1` of the table: the split CSR for `n` splits in every row.
+pub fn table_row(table: &[i32], t: usize, n: usize) -> &[i32] {
+    assert!(
+        (1..=MAX_SPLITS).contains(&n),
+        "split count {n} is outside the table (1..={MAX_SPLITS})"
+    );
+    assert_eq!(table.len(), MAX_SPLITS * (t + 1), "table is not [16, {}]", t + 1);
+    &table[(n - 1) * (t + 1)..n * (t + 1)]
+}
+
+/// The static KV length bound of a layer type: the window plus what the
+/// layer's compressed region can hold.
+pub fn kv_len_bound(layer: LayerType, index_topk: usize, max_model_len: usize) -> usize {
+    match layer {
+        LayerType::Swa => V4_WINDOW,
+        LayerType::Csa => V4_WINDOW + index_topk,
+        LayerType::Hca => V4_WINDOW + max_model_len / 128,
+    }
+}
+
+/// Heads one CTA of the V4 kernel covers; more heads launch more CTAs per split.
+pub const HEADS_PER_CTA: usize = 64;
+/// Splits our heuristic gives 16 rows x 16 heads on 132 CUs; other shapes
+/// scale from there (fitted on the H200, see docs/v4-heuristic.md).
+pub const SPLITS_AT_REFERENCE: f64 = 8.0;
+const REFERENCE_HEAD_ROWS: f64 = 16.0 * 16.0;
+const REFERENCE_CUS: f64 = 132.0;
+/// How fast n falls with the work: each doubling of `rows * H` per CU
+/// divides n by `2^0.31 = 1.24`.
+pub const WORK_EXPONENT: f64 = 0.31;
+/// Tokens of one kernel tile: a split keeps at least one tile of the bound.
+pub const SPLIT_TILE_TOKENS: usize = 32;
+/// Splits of at most this many bound tokens (two tiles) cost more in a
+/// second wave of CTAs than they save, so they stay within one wave.
+pub const SHORT_SPLIT_TOKENS: usize = 64;
+
+/// Our split count for `rows` rows whose KV is at most `kv_len_bound` long.
+///
+/// `n = round(8 * (256 * cus / (132 * rows * H))^0.31)`, at most one
+/// 32-token tile of the bound per split and 16; when a split would hold at
+/// most 64 bound tokens, n also stays within one wave (`rows * ceil(H/64) * n
+/// <= cus`). At least one.
+///
+/// Why this shape: n falls with the total work (`rows * H`: a 64-head CTA
+/// does four times the work per token of a 16-head one) rather than with
+/// the CTA count, and the bound only caps it, since for HCA (8320) it is
+/// far above what most rows hold. Fitted on `mlabench splits
+/// scenarios/dsv4-pro.toml` on the H200 (results/h200/dsv4-splits).
+pub fn heuristic_splits(rows: usize, heads: usize, kv_len_bound: usize, cus: usize) -> usize {
+    let rows = rows.max(1);
+    let heads = heads.max(1);
+    let ctas = rows * heads.div_ceil(HEADS_PER_CTA);
+    let scale = REFERENCE_HEAD_ROWS * cus.max(1) as f64 / (REFERENCE_CUS * (rows * heads) as f64);
+    let n_work = (SPLITS_AT_REFERENCE * scale.powf(WORK_EXPONENT)).round() as usize;
+    let mut n = n_work.min(kv_len_bound / SPLIT_TILE_TOKENS).clamp(1, MAX_SPLITS);
+    if kv_len_bound / n <= SHORT_SPLIT_TOKENS {
+        n = n.min(cus / ctas);
+    }
+    n.max(1)
+}
+
+/// The kernel's own pick when no plan is passed. Modeled on aiter's
+/// `get_meta_param` occupancy search (the V4 wrapper passes `tg_factor =
+/// ceil(H/64)`), with the static bound standing in for the average length:
+/// a host plan has no per-call lengths, and a captured graph must not either.
+pub fn kernel_pick_splits(rows: usize, heads: usize, kv_len_bound: usize, cus: usize) -> usize {
+    split::occupancy_splits(
+        rows.max(1) * heads.max(1).div_ceil(HEADS_PER_CTA),
+        kv_len_bound as f64,
+        cus,
+    )
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SplitSource {
+    /// Our heuristic, row `n-1` of the uniform table.
+    Heuristic,
+    /// A split count the scenario fixed.
+    Fixed,
+    /// No plan: the kernel picks `n` itself (see `kernel_pick_splits`).
+    KernelPick,
+}
+
+/// A V4 split plan: `n` splits in every row and their CSR.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SplitPlan {
+    pub n: usize,
+    /// `[rows+1]`, `split_indptr[i] = n * i`: the table row for table plans
+    /// (len `T+1`), the kernel's own CSR for `KernelPick` (len `max(N, T)+1`).
+    pub split_indptr: Vec<i32>,
+    pub source: SplitSource,
+    /// Why there is no plan (KernelPick only).
+    pub why: Option<String>,
+}
+
+impl SplitPlan {
+    /// Checks the CSR against `n`; every plan is checked before it runs.
+    pub fn check(&self, case: &str) -> Result<(), PlanError> {
+        if !(1..=MAX_SPLITS).contains(&self.n) {
+            return Err(PlanError::new(
+                case,
+                format!("V4 split count {} is outside 1..={MAX_SPLITS}", self.n),
+            ));
+        }
+        if self.split_indptr.is_empty() {
+            return Err(PlanError::new(case, "V4 split CSR is empty"));
+        }
+        if let Some(i) = (0..self.split_indptr.len()).find(|&i| self.split_indptr[i] as i64 != (self.n * i) as i64) {
+            return Err(PlanError::new(
+                case,
+                format!(
+                    "V4 split CSR entry {i} is {}, not n*i = {}",
+                    self.split_indptr[i],
+                    self.n * i
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for SplitPlan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.source, &self.why) {
+            (SplitSource::Heuristic, _) => write!(f, "n={} (heuristic)", self.n),
+            (SplitSource::Fixed, _) => write!(f, "n={} (fixed)", self.n),
+            (SplitSource::KernelPick, Some(why)) => write!(f, "n={} (kernel pick: {why})", self.n),
+            (SplitSource::KernelPick, None) => write!(f, "n={} (kernel pick)", self.n),
+        }
+    }
+}
+
+fn uniform_csr(n: usize, rows: usize) -> Vec<i32> {
+    (0..=rows).map(|i| (n * i) as i32).collect()
+}
+
+/// The plan for `rows_n` real rows in a `t`-row table. A fixed count in
+/// 1..=16 is used as is; otherwise our heuristic picks. No plan (`rows > T`,
+/// or a fixed count outside the table) leaves the pick to the kernel.
+pub fn v4_split_plan(
+    rows_n: usize,
+    t: usize,
+    heads: usize,
+    bound: usize,
+    cus: usize,
+    fixed: Option<usize>,
+) -> SplitPlan {
+    let kernel = |why: String| {
+        let n = kernel_pick_splits(rows_n, heads, bound, cus);
+        SplitPlan {
+            n,
+            split_indptr: uniform_csr(n, rows_n.max(t)),
+            source: SplitSource::KernelPick,
+            why: Some(why),
+        }
+    };
+    if rows_n > t {
+        return kernel(format!("rows {rows_n} > T {t}, past the table"));
+    }
+    let (n, source) = match fixed {
+        Some(n) if (1..=MAX_SPLITS).contains(&n) => (n, SplitSource::Fixed),
+        Some(n) => return kernel(format!("fixed n={n} is outside the table's 1..={MAX_SPLITS}")),
+        None => (heuristic_splits(rows_n, heads, bound, cus), SplitSource::Heuristic),
+    };
+    let plan = SplitPlan {
+        n,
+        split_indptr: table_row(&uniform_table(t), t, n).to_vec(),
+        source,
+        why: None,
+    };
+    debug_assert!(plan.check("v4_split_plan").is_ok());
+    plan
+}
+
+/// The tokens split `s` of a `len`-token row covers:
+/// `[ceil(len*s/n), ceil(len*(s+1)/n))`, possibly empty. Tiles `[0, len)`.
+pub fn split_ranges(len: usize, n: usize) -> Vec<(usize, usize)> {
+    let n = n.max(1);
+    let at = |s: usize| (len * s).div_ceil(n);
+    let ranges: Vec<_> = (0..n).map(|s| (at(s), at(s + 1))).collect();
+    debug_assert!(check_tiling(&ranges, len).is_ok());
+    ranges
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uniform_table_rows() {
+        let t = 3;
+        let table = uniform_table(t);
+        assert_eq!(table.len(), 16 * 4);
+        assert_eq!(table_row(&table, t, 1), &[0, 1, 2, 3]);
+        assert_eq!(table_row(&table, t, 2), &[0, 2, 4, 6]);
+        assert_eq!(table_row(&table, t, 16), &[0, 16, 32, 48]);
+    }
+
+    #[test]
+    fn bounds_per_layer_type() {
+        assert_eq!(kv_len_bound(LayerType::Swa, 1024, 1 << 20), 128);
+        assert_eq!(kv_len_bound(LayerType::Csa, 1024, 1 << 20), 1152);
+        assert_eq!(kv_len_bound(LayerType::Hca, 1024, 1 << 20), 128 + 8192);
+        assert_eq!(kv_len_bound(LayerType::Hca, 1024, 1000), 128 + 7);
+    }
+
+    #[test]
+    fn heuristic_by_hand() {
+        // The reference point: 16 rows x 16 heads of CSA.
+        assert_eq!(heuristic_splits(16, 16, 1152, 132), 8);
+        // 8x the head-rows: 8 * 8^-0.31 = 4.2.
+        assert_eq!(heuristic_splits(16, 128, 1152, 132), 4);
+        // 64 rows x 128 heads: 8 * 32^-0.31 = 2.7; 256 rows: 1.8.
+        assert_eq!(heuristic_splits(64, 128, 8320, 132), 3);
+        assert_eq!(heuristic_splits(256, 128, 8320, 132), 2);
+        // SWA (bound 128): at most 4 one-tile splits, and they stay in one
+        // wave: 64 rows at 16 heads launch 64 CTAs a split, so 2.
+        assert_eq!(heuristic_splits(16, 16, 128, 132), 4);
+        assert_eq!(heuristic_splits(64, 16, 128, 132), 2);
+        assert_eq!(heuristic_splits(64, 128, 128, 132), 1);
+        // More CUs leave room for more splits at the same rows.
+        assert_eq!(heuristic_splits(256, 128, 8320, 528), 3);
+        // One row of a 100-token bound: the work wants 19, the bound 3 tiles.
+        assert_eq!(heuristic_splits(1, 16, 100, 132), 3);
+        // Degenerate inputs still give one split.
+        assert_eq!(heuristic_splits(0, 0, 0, 0), 1);
+    }
+
+    #[test]
+    fn kernel_pick_follows_the_occupancy_search() {
+        // One row, 2 head groups: occupancy grows with n up to 16.
+        assert_eq!(kernel_pick_splits(1, 128, 8320, 132), 16);
+        // 66 rows x 2 groups = 132 CTAs: one split.
+        assert_eq!(kernel_pick_splits(66, 128, 8320, 132), 1);
+    }
+
+    #[test]
+    fn split_plan_sources() {
+        let p = v4_split_plan(4, 8, 16, 128, 132, None);
+        assert_eq!((p.n, p.source), (4, SplitSource::Heuristic));
+        assert_eq!(p.split_indptr, vec![0, 4, 8, 12, 16, 20, 24, 28, 32]);
+        assert!(p.check("c").is_ok());
+
+        let p = v4_split_plan(4, 8, 16, 128, 132, Some(5));
+        assert_eq!((p.n, p.source), (5, SplitSource::Fixed));
+        assert_eq!(p.split_indptr.len(), 9);
+        assert_eq!(p.split_indptr[8], 40);
+
+        let p = v4_split_plan(4, 8, 16, 1152, 132, Some(20));
+        assert_eq!(p.source, SplitSource::KernelPick);
+        assert_eq!(p.n, 16);
+        assert!(p.why.as_deref().unwrap().contains("n=20"));
+        assert_eq!(
+            p.to_string(),
+            "n=16 (kernel pick: fixed n=20 is outside the table's 1..=16)"
+        );
+
+        let p = v4_split_plan(12, 8, 16, 1152, 132, None);
+        assert_eq!(p.source, SplitSource::KernelPick);
+        assert_eq!(p.split_indptr.len(), 13, "the kernel's CSR covers all 12 real rows");
+        assert!(p.check("c").is_ok());
+    }
+
+    #[test]
+    fn split_plan_check_catches_a_wrong_csr() {
+        let mut p = v4_split_plan(4, 8, 16, 128, 132, None);
+        p.split_indptr[3] += 1;
+        let e = p.check("case-x").unwrap_err();
+        assert_eq!(e.case, "case-x");
+        assert!(e.what.contains("entry 3"), "{}", e.what);
+    }
+
+    #[test]
+    fn split_ranges_by_hand_and_tiling() {
+        assert_eq!(split_ranges(10, 3), vec![(0, 4), (4, 7), (7, 10)]);
+        assert_eq!(split_ranges(2, 4), vec![(0, 1), (1, 1), (1, 2), (2, 2)]);
+        assert_eq!(split_ranges(0, 2), vec![(0, 0), (0, 0)]);
+        for len in 0..300 {
+            for n in 1..=16 {
+                let r = split_ranges(len, n);
+                assert_eq!(r.len(), n);
+                assert!(check_tiling(&r, len).is_ok(), "len {len} n {n}");
+                let sizes: Vec<usize> = r.iter().map(|(a, b)| b - a).collect();
+                let (lo, hi) = (sizes.iter().min().unwrap(), sizes.iter().max().unwrap());
+                assert!(hi - lo <= 1, "len {len} n {n}: balanced to one token, got {sizes:?}");
+            }
+        }
+    }
+}

@@ -1,0 +1,66 @@
+//! What a GPU would be asked to run, checked without one: for every case of
+//! the smoke scenario, each variant's programs hold together (arguments and
+//! outputs name buffers, poison fits, entry points are declared), every
+//! kernel they launch is one `mlabench kernels --check` compiles, and one
+//! program per pass is timed.
+
+use std::path::Path;
+
+use mlabench::runner::Caches;
+use mlabench::variants::{self, Job, PlanData};
+
+#[test]
+fn smoke_programs_validate_and_launch_only_checked_kernels() {
+    let sc = mlabench::scenario::load(Path::new("scenarios/smoke.toml")).unwrap();
+    let mut cases = mlabench::scenario::expand(&sc).cases;
+    // Cases sharing inputs next to each other, as a run orders them.
+    cases.sort_by(|a, b| a.data_id.cmp(&b.data_id));
+    let compiled = variants::all_kernels();
+    let mut caches = Caches::default();
+    let mut checked = 0;
+    for case in &cases {
+        let d = variants::decide(case);
+        if d.skip.is_some() {
+            continue;
+        }
+        let unit = case.variant.unit();
+        let (wl, refs) = caches.get(case, Some(2)).unwrap();
+        let plan = unit
+            .plan(case, &d, Some(PlanData { workload: wl, refs }))
+            .unwrap_or_else(|e| panic!("{}: {e}", case.key()));
+        let job = Job {
+            case,
+            workload: wl,
+            plan: &plan,
+            rows: &refs.rows,
+        };
+        let programs = unit.programs(&job).unwrap_or_else(|e| panic!("{}: {e}", case.key()));
+        assert!(!programs.is_empty(), "{}: no program", case.key());
+        assert_eq!(
+            programs.iter().filter(|p| p.timed).count(),
+            1,
+            "{}: one pass is timed",
+            case.key()
+        );
+        let launched = unit.kernels(case, &d);
+        for p in &programs {
+            p.validate().unwrap_or_else(|e| panic!("{}: {e}", case.key()));
+            for c in &p.calls {
+                assert!(
+                    launched.contains(&c.kernel),
+                    "{}: launches {} outside the variant's kernels()",
+                    case.key(),
+                    c.kernel.label()
+                );
+                assert!(
+                    compiled.contains(&c.kernel),
+                    "{}: {} is not compiled by CI",
+                    case.key(),
+                    c.kernel.label()
+                );
+            }
+        }
+        checked += 1;
+    }
+    assert!(checked > 100, "only {checked} smoke cases run");
+}
