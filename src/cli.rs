@@ -34,6 +34,9 @@ pub enum Command {
     /// A/B two kernel builds from runs alternated in one session: medians over
     /// the rounds, judged against each side's own drift; exit 1 on a regression.
     Ab(AbArgs),
+    /// Render a run's summary.md, rows.csv and peers.svg again from its
+    /// rows.json (after an upgrade, or to add the implementations' contracts).
+    Report(ReportArgs),
     /// Test the harness's own checks: plant each bug of selftest/bugs.toml
     /// alone and show which rows catch it; exit 1 if any escapes.
     Selftest(SelftestArgs),
@@ -129,6 +132,17 @@ pub struct RunArgs {
 }
 
 #[derive(Args, Debug)]
+pub struct ReportArgs {
+    /// Run directories (each holds a rows.json).
+    #[arg(required = true)]
+    pub dirs: Vec<PathBuf>,
+    /// Declarations of the external implementations in the runs, so rows
+    /// made before rows named their contract get it (repeatable).
+    #[arg(long = "impl", value_name = "FILE")]
+    pub impls: Vec<PathBuf>,
+}
+
+#[derive(Args, Debug)]
 pub struct CompareArgs {
     /// Baseline: a run directory or its rows.csv (e.g. results/h200/mla-bandwidth).
     pub baseline: PathBuf,
@@ -192,11 +206,25 @@ pub struct ListArgs {
     /// Folder of scenarios to list.
     #[arg(long, default_value = "scenarios")]
     pub scenarios_dir: PathBuf,
+    /// Folder of implementation adapters whose declarations to list.
+    #[arg(long, default_value = "adapters")]
+    pub adapters_dir: PathBuf,
+    /// An implementation to run beside the built-in kernels: a declaration
+    /// file (docs/protocol.md) whose name scenarios and --variant can use
+    /// (repeatable).
+    #[arg(long = "impl", value_name = "FILE")]
+    pub impls: Vec<PathBuf>,
 }
 
 #[derive(Args, Debug)]
 pub struct PlanArgs {
     pub scenario: PathBuf,
+    /// An implementation to run beside the built-in kernels: a declaration
+    /// file (docs/protocol.md) whose name scenarios and --variant can use
+    /// (repeatable).
+    #[arg(long = "impl", value_name = "FILE")]
+    pub impls: Vec<PathBuf>,
+
     /// Only cases whose id contains this text (repeatable).
     #[arg(long = "case", value_name = "ID")]
     pub cases: Vec<String>,
@@ -254,6 +282,12 @@ pub struct SplitsArgs {
 pub struct Execution {
     #[arg(long, value_enum, default_value_t = BackendChoice::Auto)]
     pub backend: BackendChoice,
+    /// An implementation to run beside the built-in kernels: a declaration
+    /// file (docs/protocol.md) whose name scenarios and --variant can use
+    /// (repeatable).
+    #[arg(long = "impl", value_name = "FILE")]
+    pub impls: Vec<PathBuf>,
+
     /// Check a seeded sample of N query rows per case instead of all of them.
     #[arg(long, value_name = "N")]
     pub check_rows: Option<usize>,

@@ -16,6 +16,7 @@ fn run() -> anyhow::Result<u8> {
         Command::Splits(a) => app::splits(a),
         Command::Compare(a) => app::compare(a),
         Command::Ab(a) => app::ab(a),
+        Command::Report(a) => app::report(a),
         Command::Selftest(a) => app::selftest(a),
     }
 }
@@ -24,7 +25,8 @@ fn main() -> ExitCode {
     // `mlabench plan ... | head` should end quietly, not panic on a closed pipe.
     #[cfg(unix)]
     // SAFETY: restores the default SIGPIPE action before any other thread
-    // exists; no Rust code relies on SIGPIPE being ignored.
+    // exists. The one writer that must survive a closed pipe, a worker's
+    // stdin, writes from a thread that blocks SIGPIPE (backend/worker.rs).
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }

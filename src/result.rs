@@ -67,7 +67,22 @@ impl Check {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Row {
     pub case_id: String,
+    /// The inputs' id: rows of one data id ran on the same bytes, so their
+    /// times compare (the peers table groups by it).
+    #[serde(default)]
+    pub data_id: String,
     pub variant: String,
+    /// The contract the variant implements (`mla_decode`, `v4_decode`,
+    /// `dcp_combine`, `split_merge`); empty in rows made before it existed.
+    #[serde(default)]
+    pub contract: String,
+    /// Whose code ran: `mlabench` for a built-in kernel, else the declared
+    /// implementation's name.
+    #[serde(default = "builtin")]
+    pub implementation: String,
+    /// The implementation's version, as its worker reports it (empty for built-ins).
+    #[serde(default)]
+    pub impl_version: String,
     pub backend: String,
     pub status: Status,
     /// Short reason for skip/fail/error; the gate's words when it decided.
@@ -100,6 +115,11 @@ pub struct Row {
     /// Workload shape and knobs, as key/value (the fixed-schema CSV's params column).
     pub params: BTreeMap<String, String>,
     pub repro: String,
+}
+
+/// What rows made before implementations existed ran.
+fn builtin() -> String {
+    "mlabench".into()
 }
 
 impl Row {

@@ -9,6 +9,7 @@ mod list;
 mod memory;
 mod options;
 mod plan;
+mod report;
 mod run;
 mod selftest;
 mod splits;
@@ -19,6 +20,7 @@ pub use device::device;
 pub use kernels::kernels;
 pub use list::list;
 pub use plan::plan;
+pub use report::report;
 pub use run::run;
 pub use selftest::selftest;
 pub use splits::splits;
@@ -42,11 +44,13 @@ pub fn resolve_cases(
     paths: &[PathBuf],
     case_filter: &[String],
     variant_filter: &[VariantId],
+    added: &[VariantId],
 ) -> Result<(Vec<Case>, Vec<String>), InputError> {
     let mut cases = Vec::new();
     let mut notes = Vec::new();
     for p in paths {
-        let sc = scenario::load(p)?;
+        let mut sc = scenario::load(p)?;
+        sc.add_variants(added);
         let ex = scenario::expand(&sc);
         if !ex.dropped.is_empty() {
             notes.push(format!(
@@ -255,4 +259,62 @@ fn create_run_dir(opts: &RunOptions, meta: RunMeta) -> Result<crate::report::Run
         crate::report::RunDir::create_unique(&opts.out, meta)
     };
     made.with_context(|| format!("creating the run directory under {}", opts.out.display()))
+}
+
+/// Declares the `--impl FILE` implementations; each joins every block of
+/// its contract's family in the scenarios (`resolve_cases`' `added`).
+fn declare_impls(files: &[PathBuf]) -> Result<Vec<VariantId>, InputError> {
+    let mut ids = Vec::new();
+    for f in files {
+        let decl = crate::variants::external::decl::load(f)
+            .map_err(|e| InputError::Usage(format!("--impl {}: {e}", f.display())))?;
+        ids.push(
+            crate::variants::declare(decl).map_err(|e| InputError::Usage(format!("--impl {}: {e}", f.display())))?,
+        );
+    }
+    Ok(ids)
+}
+
+/// Writes peers.svg beside a run's rows when implementations shared inputs;
+/// returns the groups for the terminal table.
+fn write_peers(dir: &std::path::Path, rows: &[crate::result::Row]) -> anyhow::Result<Vec<crate::report::peers::Group>> {
+    let peers = crate::report::peers::groups(rows);
+    let path = dir.join("peers.svg");
+    if peers.is_empty() {
+        return Ok(peers);
+    }
+    match crate::report::peers::svg(&peers) {
+        Ok(svg) => std::fs::write(&path, svg).with_context(|| format!("writing {}", path.display()))?,
+        Err(e) => println!("warning: peers.svg not drawn: {e:#}"),
+    }
+    Ok(peers)
+}
+
+/// Starts the worker of every external implementation the cases use, before
+/// anything is measured: one that cannot start is an environment error
+/// (exit 2) with its stderr, not an error row per case.
+fn start_workers(cases: &[Case], pool: &mut crate::backend::worker::WorkerPool) -> Result<Vec<String>, InputError> {
+    let mut seen = std::collections::BTreeSet::new();
+    let mut lines = Vec::new();
+    for c in cases {
+        let Some(ext) = c.variant.unit().external() else {
+            continue;
+        };
+        if crate::variants::decide(c).skip.is_some() || !seen.insert(ext.decl.name.clone()) {
+            continue;
+        }
+        let h = pool.start(&ext.decl).map_err(InputError::Environment)?;
+        lines.push(format!(
+            "implementation {}: {} on {} (worker `{}`)",
+            ext.decl.name,
+            if h.version.is_empty() { "no version" } else { &h.version },
+            if h.device.is_empty() {
+                "an unnamed device"
+            } else {
+                &h.device
+            },
+            ext.decl.command.join(" ")
+        ));
+    }
+    Ok(lines)
 }

@@ -136,6 +136,7 @@ impl RunOptions {
         let mut missing: Vec<&str> = cases
             .iter()
             .map(|c| c.variant.info().kernel_file)
+            .filter(|f| !f.is_empty())
             .filter(|f| !self.kernels_dir.join(f).is_file())
             .collect();
         missing.sort_unstable();
@@ -212,6 +213,7 @@ impl RunOptions {
             ps1_schedule: self.ps1_schedule,
             handoff: self.handoff,
             planned: None,
+            implementations: vec![],
         }
     }
 

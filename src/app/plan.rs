@@ -11,7 +11,8 @@ use crate::variants::{self, edges, mla, v4};
 use super::resolve_cases;
 
 pub fn plan(args: &PlanArgs) -> Result<u8> {
-    let (mut cases, notes) = resolve_cases(std::slice::from_ref(&args.scenario), &args.cases, &[])?;
+    let added = super::declare_impls(&args.impls)?;
+    let (mut cases, notes) = resolve_cases(std::slice::from_ref(&args.scenario), &args.cases, &[], &added)?;
     let schedule = args.ps1_schedule.parse().map_err(InputError::Usage)?;
     for c in &mut cases {
         c.ps1_schedule = schedule;

@@ -6,6 +6,7 @@ use std::io::IsTerminal;
 use std::path::Path;
 
 use crate::backend;
+use crate::backend::worker::WorkerPool;
 use crate::cli::RunArgs;
 use crate::error::{exit, InputError};
 use crate::report::{self, progress::Progress, RunDir, RunMeta};
@@ -14,11 +15,19 @@ use crate::runner::{self, Caches};
 
 use super::compare::{judge, read_entries, read_stamp};
 use super::options::RunOptions;
-use super::{create_run_dir, default_scenarios, fit_budget, parse_variants, resolve_cases};
+use super::{
+    create_run_dir, declare_impls, default_scenarios, fit_budget, parse_variants, resolve_cases, start_workers,
+};
 
 pub fn run(args: &RunArgs) -> Result<u8> {
+    let added = declare_impls(&args.exec.impls)?;
     let paths = default_scenarios(&args.scenarios);
-    let (mut cases, notes) = resolve_cases(&paths, &args.cases, &parse_variants(&args.variants, "--variant")?)?;
+    let (mut cases, notes) = resolve_cases(
+        &paths,
+        &args.cases,
+        &parse_variants(&args.variants, "--variant")?,
+        &added,
+    )?;
     let opts = RunOptions::from_run(args)?;
     opts.check_kernels(&cases)?;
     // A bad baseline fails before anything is measured.
@@ -33,10 +42,13 @@ pub fn run(args: &RunArgs) -> Result<u8> {
     let (mut backend, notice) =
         backend::select_with(opts.backend, &opts.kernels_dir, opts.cpu_fault, opts.timing.enabled)?;
     let budget = fit_budget(&cases, &opts, backend.as_ref())?;
+    let mut workers = WorkerPool::new();
+    let impl_lines = start_workers(&cases, &mut workers)?;
     let case_opts = opts.case_options(backend.as_ref());
     let mut meta = opts.meta(backend.as_ref(), &paths, "");
     // Known from the first write on, so a run killed at any point says it is incomplete.
     meta.planned = Some(cases.len());
+    meta.implementations = impl_lines.clone();
     let mut dir = match &args.resume {
         Some(d) => resume_dir(d, meta)?,
         None => create_run_dir(&opts, meta)?,
@@ -54,7 +66,7 @@ pub fn run(args: &RunArgs) -> Result<u8> {
     if let Some(n) = notice {
         progress.println(&n);
     }
-    for n in notes.iter().chain(&budget.notes) {
+    for n in notes.iter().chain(&budget.notes).chain(&impl_lines) {
         progress.println(&format!("note: {n}"));
     }
     if args.resume.is_some() {
@@ -73,7 +85,7 @@ pub fn run(args: &RunArgs) -> Result<u8> {
         let row = match budget.too_big.get(&case.key()) {
             Some(why) => runner::skipped_row(case, backend.info().backend.as_str(), &case_opts, why),
             None => {
-                let out = runner::run_case(case, &mut caches, backend.as_mut(), &case_opts);
+                let out = runner::run_case(case, &mut caches, backend.as_mut(), &mut workers, &case_opts);
                 if out.device_lost {
                     lost = Some(case.key());
                 }
@@ -120,6 +132,10 @@ pub fn run(args: &RunArgs) -> Result<u8> {
             rayon::current_num_threads(),
             caches.ref_secs
         );
+    }
+    let peers = super::write_peers(dir.path(), rows)?;
+    if !peers.is_empty() && !args.quiet {
+        println!("{}", report::peers::table(&peers, std::io::stdout().is_terminal()));
     }
     let completeness = report::Completeness::of(dir.meta().planned, rows.len());
     println!("{} ({completeness})", report::table::summary_line(rows));

@@ -298,7 +298,7 @@ fn run_specs(run: &[String]) -> Result<Vec<crate::variants::KernelSpec>, InputEr
         unreachable!("parsed as run");
     };
     let variants = super::parse_variants(&r.variants, "--variant")?;
-    let (cases, _) = super::resolve_cases(&r.scenarios, &r.cases, &variants)?;
+    let (cases, _) = super::resolve_cases(&r.scenarios, &r.cases, &variants, &[])?;
     let mut specs = Vec::new();
     for c in &cases {
         for s in c.variant.unit().kernels(c, &crate::variants::decide(c)) {

@@ -19,28 +19,42 @@ use super::{create_run_dir, resolve_cases};
 /// hca_persist; writes splits.csv and splits.svg next to the run's rows.
 pub fn splits(args: &crate::cli::SplitsArgs) -> Result<u8> {
     use crate::judge::split_regret::{Point, Study};
+    super::declare_impls(&args.exec.impls)?;
     let (cases, _) = resolve_cases(
         std::slice::from_ref(&args.scenario),
         &args.cases,
         &[v4_split::ID, hca_persist::ID],
+        &[],
     )?;
     if let Some(csv) = &args.from {
         return rescore_splits(&cases, csv);
     }
     let opts = RunOptions::from_exec(&args.exec, true, true)?;
+    let peers: Vec<crate::variants::VariantId> = crate::variants::external::declared()
+        .iter()
+        .filter(|e| e.decl.contract == crate::variants::external::Contract::V4Decode)
+        .map(|e| crate::variants::Variant::info(*e).id)
+        .collect();
     opts.check_kernels(&cases)?;
     let (mut backend, notice) = backend::select(opts.backend, &opts.kernels_dir)?;
     if let Some(n) = notice {
         eprintln!("{n}");
     }
     let case_opts = opts.case_options(backend.as_ref());
+    let mut workers = crate::backend::worker::WorkerPool::new();
+    for peer in &peers {
+        if let Some(ext) = peer.unit().external() {
+            let h = workers.start(&ext.decl).map_err(InputError::Environment)?;
+            eprintln!("implementation {peer}: {} on {}", h.version, h.device);
+        }
+    }
     // One study per workload: the first case of each data id is its template.
     let mut seen = std::collections::HashSet::new();
     let bases: Vec<&Case> = cases.iter().filter(|c| seen.insert(c.data_id.clone())).collect();
     let mut meta = opts.meta(backend.as_ref(), std::slice::from_ref(&args.scenario), "splits-");
-    meta.planned = Some(bases.len() * 17);
+    meta.planned = Some(bases.len() * (17 + peers.len()));
     let mut dir = create_run_dir(&opts, meta)?;
-    let progress = Progress::new((bases.len() * 17) as u64, false);
+    let progress = Progress::new((bases.len() * (17 + peers.len())) as u64, false);
     let mut caches = Caches::default();
     let mut studies = Vec::new();
     let point = |row: &crate::result::Row, n: usize| -> Option<Point> {
@@ -69,6 +83,7 @@ pub fn splits(args: &crate::cli::SplitsArgs) -> Result<u8> {
             points: vec![],
             hca: None,
             hca_gate: None,
+            peers: vec![],
         };
         for n in 1..=16 {
             let mut c = base.clone();
@@ -76,7 +91,7 @@ pub fn splits(args: &crate::cli::SplitsArgs) -> Result<u8> {
             c.v4.splits = Some(n);
             c.id = crate::scenario::v4_case_id(&c.data_id, &c.v4);
             progress.start(&c.key());
-            let out = runner::run_case(&c, &mut caches, backend.as_mut(), &case_opts);
+            let out = runner::run_case(&c, &mut caches, backend.as_mut(), &mut workers, &case_opts);
             if let Some(pt) = point(&out.row, n) {
                 study.points.push(pt);
             }
@@ -89,13 +104,26 @@ pub fn splits(args: &crate::cli::SplitsArgs) -> Result<u8> {
         c.id = crate::scenario::v4_case_id(&c.data_id, &c.v4);
         progress.start(&c.key());
         let d = variants::decide(&c);
-        let out = runner::run_case(&c, &mut caches, backend.as_mut(), &case_opts);
+        let out = runner::run_case(&c, &mut caches, backend.as_mut(), &mut workers, &case_opts);
         match d.fallback {
             Some(why) => study.hca_gate = Some(why),
             None => study.hca = point(&out.row, 0),
         }
         dir.push(out.row)?;
         progress.inc();
+        for &peer in &peers {
+            let mut c = base.clone();
+            c.variant = peer;
+            c.v4.splits = None;
+            c.id = crate::scenario::v4_case_id(&c.data_id, &c.v4);
+            progress.start(&c.key());
+            let out = runner::run_case(&c, &mut caches, backend.as_mut(), &mut workers, &case_opts);
+            if let Some(pt) = point(&out.row, 0) {
+                study.peers.push((peer.to_string(), pt));
+            }
+            dir.push(out.row)?;
+            progress.inc();
+        }
         studies.push(study);
     }
     progress.finish();
@@ -150,6 +178,7 @@ fn rescore_splits(cases: &[Case], csv_path: &Path) -> Result<u8> {
                 points: vec![],
                 hca: None,
                 hca_gate: None,
+                peers: vec![],
             });
         }
         let s = studies.iter_mut().find(|s| s.data_id == id).expect("inserted above");
@@ -163,6 +192,7 @@ fn rescore_splits(cases: &[Case], csv_path: &Path) -> Result<u8> {
         match get("plan").as_str() {
             "fixed" => s.points.push(pt),
             "hca_persist" => s.hca = Some(pt),
+            other if other.starts_with("impl:") => s.peers.push((other[5..].to_string(), pt)),
             _ => {}
         }
     }

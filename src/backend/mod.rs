@@ -14,6 +14,7 @@ pub mod hip;
 #[path = "hip/disabled.rs"]
 pub mod hip;
 mod select;
+pub mod worker;
 
 pub use select::{select, select_with};
 

@@ -34,6 +34,9 @@ pub struct Study {
     /// hca_persist's time, or why its gates sent it to the fallback.
     pub hca: Option<Point>,
     pub hca_gate: Option<String>,
+    /// External V4 implementations timed on the same workload (`--impl`).
+    #[serde(default)]
+    pub peers: Vec<(String, Point)>,
 }
 
 impl Study {
@@ -55,6 +58,10 @@ impl Study {
     /// Best fixed plan time over hca_persist time (> 1: hca_persist is faster).
     pub fn hca_speedup(&self) -> Option<f64> {
         Some(self.best()?.median_ms / self.hca.as_ref()?.median_ms)
+    }
+    /// Best fixed plan time over a peer's time (> 1: the peer is faster).
+    pub fn peer_speedup(&self, p: &Point) -> Option<f64> {
+        Some(self.best()?.median_ms / p.median_ms)
     }
 }
 
@@ -96,6 +103,7 @@ mod tests {
             points: times.iter().enumerate().map(|(i, &t)| pt(i + 1, t)).collect(),
             hca: hca.map(|t| pt(0, t)),
             hca_gate: None,
+            peers: vec![],
         }
     }
 

@@ -10,9 +10,12 @@ use super::{clock, latency, lse_error, quant_noise, status_word, worst_output};
 use crate::result::Row;
 
 /// The columns, in order.
-pub const HEADER: [&str; 33] = [
+pub const HEADER: [&str; 36] = [
     "case_id",
     "variant",
+    "contract",
+    "implementation",
+    "impl_version",
     "backend",
     "status",
     "reason",
@@ -81,6 +84,9 @@ fn record(r: &Row) -> Vec<String> {
     let record = vec![
         r.case_id.clone(),
         r.variant.clone(),
+        r.contract.clone(),
+        r.implementation.clone(),
+        r.impl_version.clone(),
         r.backend.clone(),
         status_word(r.status).to_string(),
         r.reason.clone(),

@@ -23,6 +23,11 @@ pub fn render(meta: &RunMeta, rows: &[Row]) -> String {
     let _ = writeln!(s, "**{counts}** ({done})\n");
     failures(&mut s, rows);
     xfails(&mut s, rows);
+    let peers = super::peers::groups(rows);
+    if !peers.is_empty() {
+        s.push_str(&super::peers::markdown(&peers));
+        s.push('\n');
+    }
     results(&mut s, rows);
     ceilings(&mut s, meta);
     s
@@ -53,6 +58,9 @@ fn header(s: &mut String, meta: &RunMeta) {
     }
     let _ = writeln!(s, "- ps1 schedule: {}", meta.ps1_schedule);
     let _ = writeln!(s, "- merge hand-off: {}", handoff_words(meta.handoff));
+    for i in &meta.implementations {
+        let _ = writeln!(s, "- {i}");
+    }
     for c in &meta.resumed {
         let _ = writeln!(s, "- resumed by: {}", code(c));
     }

@@ -10,6 +10,7 @@ pub mod json;
 pub mod junit;
 pub mod kernel_ab;
 pub mod markdown;
+pub mod peers;
 pub mod progress;
 mod run_dir;
 pub mod split_regret;
@@ -56,6 +57,9 @@ pub struct RunMeta {
     /// the count was kept.
     #[serde(default)]
     pub planned: Option<usize>,
+    /// The external implementations the run started: name, version, device, worker.
+    #[serde(default)]
+    pub implementations: Vec<String>,
 }
 
 /// Whether a run holds every row it set out to: a run cut short (killed,
@@ -272,7 +276,11 @@ pub(crate) mod testutil {
         params.insert("s_q".to_string(), "2".to_string());
         Row {
             case_id: case_id.to_string(),
+            data_id: case_id.to_string(),
             variant: variant.to_string(),
+            contract: String::new(),
+            implementation: "mlabench".to_string(),
+            impl_version: String::new(),
             backend: "cuda".to_string(),
             status,
             reason: if pass {
@@ -343,6 +351,7 @@ pub(crate) mod testutil {
             ps1_schedule: Default::default(),
             handoff: Default::default(),
             planned: None,
+            implementations: vec![],
         }
     }
 }

@@ -113,6 +113,30 @@ impl RunDir {
         })
     }
 
+    /// Reopens a finished run to render it again (`mlabench report`): every
+    /// row, errors included.
+    pub fn reopen(path: &Path) -> anyhow::Result<RunDir> {
+        let json = path.join(ROWS_JSON);
+        let text = fs::read_to_string(&json)
+            .with_context(|| format!("{}: not a run directory (no readable rows.json)", path.display()))?;
+        let (meta, rows) =
+            json::parse(&text).with_context(|| format!("{}: not an mlabench rows.json", json.display()))?;
+        Ok(RunDir {
+            path: path.to_path_buf(),
+            meta,
+            rows,
+            full_every: FULL_WRITE_EVERY,
+            last_full: Instant::now(),
+            stale: true,
+            csv_stale: true,
+        })
+    }
+
+    /// Rows to amend before `finish` rewrites the files.
+    pub fn rows_mut(&mut self) -> &mut [Row] {
+        &mut self.rows
+    }
+
     /// Rewrites rows.json and summary.md at most this often (tests: zero).
     pub fn with_full_write_every(mut self, every: Duration) -> RunDir {
         self.full_every = every;

@@ -76,6 +76,20 @@ pub fn csv(studies: &[Study]) -> Result<Vec<u8>> {
             ]);
             w.write_record(&r)?;
         }
+        for (name, p) in &s.peers {
+            let mut r = base.to_vec();
+            r.extend([
+                format!("impl:{name}"),
+                String::new(),
+                format!("{:.6}", p.median_ms),
+                format!("{:.6}", p.p10_ms),
+                format!("{:.6}", p.p90_ms),
+                p.pass.to_string(),
+                String::new(),
+                opt(s.peer_speedup(p)),
+            ]);
+            w.write_record(&r)?;
+        }
     }
     Ok(w.into_inner()?)
 }
@@ -93,6 +107,7 @@ pub fn table(studies: &[Study]) -> String {
         "regret",
         "hca_persist ms",
         "hca vs best",
+        "peers vs best",
     ]);
     for s in studies {
         let best = s.best();
@@ -116,6 +131,14 @@ pub fn table(studies: &[Study]) -> String {
             s.hca_speedup()
                 .map(|x| format!("{x:.2}x"))
                 .unwrap_or_else(|| "-".into()),
+            s.peers
+                .iter()
+                .map(|(n, p)| match s.peer_speedup(p) {
+                    Some(x) => format!("{n} {x:.2}x"),
+                    None => format!("{n} -"),
+                })
+                .collect::<Vec<_>>()
+                .join(", "),
         ]);
     }
     let mut out = t.to_string();
@@ -226,6 +249,7 @@ mod tests {
                 pass: true,
             }),
             hca_gate: None,
+            peers: vec![],
         }
     }
 

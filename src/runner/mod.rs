@@ -8,6 +8,7 @@ pub use cache::Caches;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+use crate::backend::worker::WorkerPool;
 use crate::backend::{Backend, BackendError, Exec, RunOutput};
 use crate::case::Case;
 use crate::metrics;
@@ -130,7 +131,14 @@ fn repro(case: &Case, opts: &CaseOptions) -> String {
 fn base_row(case: &Case, backend: &str, opts: &CaseOptions) -> Row {
     Row {
         case_id: case.id.clone(),
+        data_id: case.data_id.clone(),
         variant: case.variant.to_string(),
+        contract: case.variant.info().kind.name().to_string(),
+        implementation: match case.variant.unit().external() {
+            Some(e) => e.decl.name.clone(),
+            None => "mlabench".into(),
+        },
+        impl_version: String::new(),
         backend: backend.to_string(),
         status: Status::Pass,
         reason: String::new(),
@@ -161,7 +169,13 @@ pub struct CaseOutcome {
 }
 
 /// Runs one case end to end. Never panics outward: a panic becomes an error row.
-pub fn run_case(case: &Case, caches: &mut Caches, backend: &mut dyn Backend, opts: &CaseOptions) -> CaseOutcome {
+pub fn run_case(
+    case: &Case,
+    caches: &mut Caches,
+    backend: &mut dyn Backend,
+    workers: &mut WorkerPool,
+    opts: &CaseOptions,
+) -> CaseOutcome {
     let bname = backend.info().backend.clone();
     let mut row = base_row(case, &bname, opts);
     let decision: Decision = variants::decide(case);
@@ -234,7 +248,15 @@ pub fn run_case(case: &Case, caches: &mut Caches, backend: &mut dyn Backend, opt
     let cost = unit.cost(&job);
     (row.bytes, row.flops) = (cost.bytes, cost.flops);
 
-    let ran = catch_unwind(AssertUnwindSafe(|| backend.run(unit, &job, &opts.exec)));
+    // An external implementation runs in its worker; the backend runs the rest.
+    let ran = catch_unwind(AssertUnwindSafe(|| match unit.external() {
+        Some(ext) => workers.run(ext, &job, &opts.exec),
+        None => backend.run(unit, &job, &opts.exec),
+    }));
+    if let Some(h) = unit.external().and_then(|e| workers.hello(&e.decl.name)) {
+        row.impl_version = h.version.clone();
+        row.backend = format!("worker:{}", h.device_kind);
+    }
     let out = match ran {
         Ok(Ok(o)) => o,
         Ok(Err(BackendError::Unsupported(why))) => {

@@ -99,7 +99,14 @@ pub fn load(path: &Path) -> Result<Scenario, InputError> {
     validate(path, raw).map_err(err)
 }
 
-fn validate(path: &Path, raw: RawScenario) -> Result<Scenario, String> {
+fn validate(path: &Path, mut raw: RawScenario) -> Result<Scenario, String> {
+    // Declared first: the blocks' `variants` may name them.
+    for (i, imp) in std::mem::take(&mut raw.imps).into_iter().enumerate() {
+        let source = format!("{} [[impl]] #{}", path.display(), i + 1);
+        let decl =
+            crate::variants::external::decl::validate(imp, &source).map_err(|e| format!("[[impl]] #{}: {e}", i + 1))?;
+        crate::variants::declare(decl).map_err(|e| format!("[[impl]] #{}: {e}", i + 1))?;
+    }
     let target = match &raw.target {
         Some(t) => t.parse::<TargetProfile>().map_err(|e| format!("key `target`: {e}"))?,
         None => TargetProfile::Sm90,
@@ -428,6 +435,25 @@ fn v4_block(b: &RawV4, seed: u64) -> Result<V4Block, String> {
         seed: b.seed.unwrap_or(seed),
         tol,
     })
+}
+
+impl Scenario {
+    /// Adds implementations to every block of their family, after the
+    /// block's own variants (an `--impl` joins the sweeps as written).
+    pub fn add_variants(&mut self, ids: &[VariantId]) {
+        for &id in ids {
+            match id.family() {
+                Family::Mla => self.mla.iter_mut().for_each(|b| push_new(&mut b.variants, id)),
+                Family::V4 => self.v4.iter_mut().for_each(|b| push_new(&mut b.variants, id)),
+            }
+        }
+    }
+}
+
+fn push_new(v: &mut Vec<VariantId>, id: VariantId) {
+    if !v.contains(&id) {
+        v.push(id);
+    }
 }
 
 /// Cases of a scenario, plus the combinations it dropped and why.

@@ -17,6 +17,9 @@ pub struct RawScenario {
     pub mla: Vec<RawMla>,
     #[serde(default)]
     pub v4: Vec<RawV4>,
+    /// Implementations the blocks may name, declared in place.
+    #[serde(default, rename = "impl")]
+    pub imps: Vec<crate::variants::external::decl::RawImpl>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -27,6 +27,7 @@ pub const ID: VariantId = VariantId("dcp_combine");
 
 static INFO: VariantInfo = VariantInfo {
     id: ID,
+    kind: crate::variants::external::Contract::DcpCombine,
     family: Family::Mla,
     kernel_file: "merge.cu",
     contract: "merges per-rank (o, lse) over the DCP world with the LSE combine; NaN/+inf LSE count as empty",

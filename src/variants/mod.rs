@@ -18,6 +18,7 @@ pub mod checks;
 pub mod dcp_combine;
 pub mod edges;
 pub mod emulate;
+pub mod external;
 pub mod hca_persist;
 pub mod heads;
 pub mod kernel_spec;
@@ -43,9 +44,8 @@ pub use crate::case::VariantId;
 impl VariantId {
     /// The unit that implements this variant.
     pub fn unit(self) -> &'static dyn Variant {
-        REGISTRY
-            .iter()
-            .copied()
+        registry()
+            .into_iter()
             .find(|v| v.info().id == self)
             .expect("every id names a registered variant")
     }
@@ -60,14 +60,14 @@ impl VariantId {
 impl FromStr for VariantId {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        REGISTRY
-            .iter()
-            .map(|v| v.info().id)
-            .find(|id| id.0 == s)
-            .ok_or_else(|| {
-                let names: Vec<&str> = REGISTRY.iter().map(|v| v.info().id.0).collect();
-                format!("unknown variant `{s}`; known: {}", names.join(", "))
-            })
+        let all = registry();
+        all.iter().map(|v| v.info().id).find(|id| id.0 == s).ok_or_else(|| {
+            let names: Vec<&str> = all.iter().map(|v| v.info().id.0).collect();
+            format!(
+                "unknown variant `{s}`; known: {} (an external implementation needs its declaration: --impl FILE or an [[impl]] table)",
+                names.join(", ")
+            )
+        })
     }
 }
 
@@ -81,6 +81,9 @@ pub enum Family {
 /// Static facts about a variant.
 pub struct VariantInfo {
     pub id: VariantId,
+    /// The contract it implements: only implementations of one contract
+    /// on one data id compare in the peers table.
+    pub kind: external::Contract,
     pub family: Family,
     /// Its CUDA source under kernels/ (what `--kernels-dir` must hold).
     pub kernel_file: &'static str,
@@ -172,6 +175,11 @@ pub struct Cost {
 /// One decode variant.
 pub trait Variant: Sync {
     fn info(&self) -> &'static VariantInfo;
+    /// An implementation that runs in its own worker process: the runner
+    /// hands it to the worker pool instead of the backend.
+    fn external(&self) -> Option<&external::External> {
+        None
+    }
     /// A decode kernel the MLA dispatcher may pick: its rules for a case.
     fn mla_gate(&self, _g: &mla::gate::GateInput) -> Option<mla::gate::Verdict> {
         None
@@ -217,6 +225,19 @@ pub static REGISTRY: &[&dyn Variant] = &[
     &hca_persist::HcaPersist,
     &split_merge::SplitMerge,
 ];
+
+/// The built-in units and every declared external implementation, in
+/// that order.
+pub fn registry() -> Vec<&'static dyn Variant> {
+    let mut v: Vec<&'static dyn Variant> = REGISTRY.to_vec();
+    v.extend(external::declared().into_iter().map(|e| e as &'static dyn Variant));
+    v
+}
+
+/// Declares an external implementation (`--impl`, `[[impl]]`).
+pub fn declare(decl: external::ImplDecl) -> Result<VariantId, String> {
+    external::declare(decl, REGISTRY)
+}
 
 /// The MLA path an engine's dispatcher takes: the first decode kernel, in
 /// registry order (ps1, then page64), whose rules accept the case, and
@@ -280,7 +301,11 @@ pub fn all_kernels() -> Vec<KernelSpec> {
 
 /// The kernel file of every variant, for `--kernels-dir` checks.
 pub fn kernel_files() -> Vec<&'static str> {
-    let mut v: Vec<&str> = REGISTRY.iter().map(|u| u.info().kernel_file).collect();
+    let mut v: Vec<&str> = REGISTRY
+        .iter()
+        .map(|u| u.info().kernel_file)
+        .filter(|f| !f.is_empty())
+        .collect();
     v.sort_unstable();
     v.dedup();
     v

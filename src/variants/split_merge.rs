@@ -26,6 +26,7 @@ pub const ID: VariantId = VariantId("split_merge");
 
 static INFO: VariantInfo = VariantInfo {
     id: ID,
+    kind: crate::variants::external::Contract::SplitMerge,
     family: Family::V4,
     kernel_file: "merge.cu",
     contract: "merges split partials (f32 o, lse without sink) per row and adds the attention sink once",

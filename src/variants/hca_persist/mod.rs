@@ -30,6 +30,7 @@ pub const ID: VariantId = VariantId("hca_persist");
 
 static INFO: VariantInfo = VariantInfo {
     id: ID,
+    kind: crate::variants::external::Contract::V4Decode,
     family: Family::V4,
     kernel_file: "hca_persist.cu",
     contract: "persistent V4 HCA decode: in-kernel split over P partitions from real lengths, last finisher merges and resets counters; gates fall back to v4_split",

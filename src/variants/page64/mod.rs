@@ -30,6 +30,7 @@ pub const ID: VariantId = VariantId("page64");
 
 static INFO: VariantInfo = VariantInfo {
     id: ID,
+    kind: crate::variants::external::Contract::MlaDecode,
     family: Family::Mla,
     kernel_file: "page64.cu",
     contract: "non-persistent fallback, page size 64, split heuristic, local bottom-right mask; heads multiple of 16 up to 128; stage 1 partials + stage 2 merge",

@@ -32,6 +32,7 @@ pub const ID: VariantId = VariantId("ps1");
 
 static INFO: VariantInfo = VariantInfo {
     id: ID,
+    kind: crate::variants::external::Contract::MlaDecode,
     family: Family::Mla,
     kernel_file: "ps1.cu",
     contract: "persistent MLA decode, page size 1, host work list, causal mask on global DCP positions; widths 16..128 (s_q=1), 16 (s_q<=4) and 96 (s_q<=8); f32 partials + reduce",

@@ -28,6 +28,7 @@ pub const ID: VariantId = VariantId("v4_split");
 
 static INFO: VariantInfo = VariantInfo {
     id: ID,
+    kind: crate::variants::external::Contract::V4Decode,
     family: Family::V4,
     kernel_file: "v4_split.cu",
     contract: "V4 native-FP8 decode with a caller-built split plan from the uniform [16, T+1] table (or its own pick), attention sink, split_merge",
