@@ -5,7 +5,8 @@
 
 BEFORE and AFTER are run directories (or their rows.csv). Rows are matched
 by (case_id, variant); every column except the timing ones (latencies,
-spread, clock, throughput and fractions of peak) must be equal as text.
+spread, sample count, noise, clock, throughput and fractions of peak) must
+be equal as text; a column only one of them has is named, not compared.
 A change that should not change what mlabench checks (a refactor, a build
 flag) is shown to be one by running the same scenarios with both binaries
 (`mlabench run S --backend cpu --no-timing`) and this script. Exit 0 when
@@ -19,7 +20,7 @@ from pathlib import Path
 TIMING = {
     "kernel_median_ms", "kernel_p10_ms", "kernel_p90_ms",
     "variant_median_ms", "variant_p10_ms", "variant_p90_ms", "variant_min_ms",
-    "rel_spread", "clock", "gbps", "tflops", "frac_bw", "frac_tc",
+    "rel_spread", "samples", "noise", "noise_capped", "clock", "gbps", "tflops", "frac_bw", "frac_tc",
 }
 
 
@@ -46,11 +47,17 @@ def main():
         return 2
     (pa, a), (pb, b) = load(sys.argv[1]), load(sys.argv[2])
     diffs = []
+    # A column one version has and the other lacks is named once, not per row.
+    cols_a = set(next(iter(a.values()), {}))
+    cols_b = set(next(iter(b.values()), {}))
+    only = (cols_a ^ cols_b) - TIMING
+    if only:
+        print(f"columns in one run only (not compared): {', '.join(sorted(only))}")
     for k in sorted(set(a) | set(b)):
         if k not in a or k not in b:
             diffs.append(f"{k[0]} {k[1]}: only in {pb if k not in a else pa}")
             continue
-        for col in sorted((set(a[k]) | set(b[k])) - TIMING):
+        for col in sorted((set(a[k]) & set(b[k])) - TIMING):
             x, y = a[k].get(col), b[k].get(col)
             if x != y:
                 diffs.append(f"{k[0]} {k[1]} {col}: {x!r} -> {y!r}")

@@ -127,6 +127,11 @@ pub struct RunArgs {
     /// uses it); needs --backend cpu.
     #[arg(long, value_name = "FAULT", hide = true)]
     pub cpu_fault: Option<String>,
+    /// One case at a time on one thread: no building of the next case's
+    /// inputs or checking of the last one's while the device runs (for
+    /// debugging; the rows are the same).
+    #[arg(long)]
+    pub no_pipeline: bool,
     #[command(flatten)]
     pub regression: RegressionGate,
 }
@@ -311,9 +316,20 @@ pub struct Execution {
     /// Fewest timed samples.
     #[arg(long, default_value_t = 10)]
     pub min_samples: usize,
-    /// Keep sampling until this much time was measured.
-    #[arg(long, default_value_t = 50.0, value_name = "MS")]
+    /// Keep sampling until this much time was measured (with
+    /// `--target-noise off`, `--min-time-ms 50` is the rule of earlier
+    /// versions).
+    #[arg(long, default_value_t = 0.0, value_name = "MS")]
     pub min_time_ms: f64,
+    /// Stop sampling a case once the median's 95% confidence interval is
+    /// within this many percent either side (e.g. 0.5 or 0.5%); `off`: stop
+    /// on the minimums alone.
+    #[arg(long, default_value = "0.5", value_name = "PCT")]
+    pub target_noise: String,
+    /// Wall-clock limit on sampling one case; a case that reaches it before
+    /// the target says `noise-capped` and the noise it reached.
+    #[arg(long, alias = "max-time", default_value_t = 1000.0, value_name = "MS")]
+    pub max_time_ms: f64,
     /// Checked launches per case; every one is checked, and a variant that is
     /// deterministic must give the same bits each time (a race shows up even
     /// when it stays within tolerance) [default: 2 on a GPU, 1 on the CPU].

@@ -42,6 +42,10 @@ pub struct Latency {
     /// `cuda-events`, `cuda-graph` or `cpu-wall`.
     pub clock: String,
     pub summary: Summary,
+    /// Sampling stopped at `--max-time-ms` before the median's noise
+    /// reached `--target-noise`: `summary.noise` says what it reached.
+    #[serde(default)]
+    pub capped: bool,
 }
 
 impl Check {

@@ -21,6 +21,14 @@ pub struct Summary {
     /// `(p90 - p10) / median`.
     #[serde(with = "crate::serde_float")]
     pub rel_spread: f64,
+    /// [`median_noise`]: how well the median is known (rows made before it
+    /// existed: NaN).
+    #[serde(default = "nan", with = "crate::serde_float")]
+    pub noise: f64,
+}
+
+fn nan() -> f64 {
+    f64::NAN
 }
 
 impl Summary {
@@ -40,6 +48,7 @@ impl Summary {
                 max: nan,
                 mean: nan,
                 rel_spread: nan,
+                noise: nan,
             };
         }
         let mut s = ms.to_vec();
@@ -61,8 +70,41 @@ impl Summary {
             } else {
                 f64::INFINITY
             },
+            noise: sorted_median_noise(&s),
         }
     }
+}
+
+/// z for a two-sided 95% interval.
+const Z95: f64 = 1.959964;
+
+/// The relative half-width of a 95% confidence interval for the median:
+/// `(x[hi] - x[lo]) / 2 / median`, with the order statistics `lo`, `hi` at
+/// `n/2 -+ z sqrt(n)/2` (the binomial interval, normal approximation). It
+/// assumes nothing about the shape of the distribution, so a long tail or
+/// two clock states widen it rather than fool it. It shrinks as `1/sqrt(n)`,
+/// which is what lets a timed region stop once its median is known well
+/// enough. Infinite below 2 samples or for a median of 0.
+pub fn median_noise(ms: &[f64]) -> f64 {
+    let mut s = ms.to_vec();
+    s.sort_by(f64::total_cmp);
+    sorted_median_noise(&s)
+}
+
+fn sorted_median_noise(s: &[f64]) -> f64 {
+    let n = s.len();
+    if n < 2 {
+        return f64::INFINITY;
+    }
+    let h = Z95 * (n as f64).sqrt() / 2.0;
+    let mid = n as f64 / 2.0;
+    let lo = ((mid - h).floor().max(1.0) as usize - 1).min(n - 1);
+    let hi = ((mid + h).ceil() as usize).clamp(1, n) - 1;
+    let med = percentile(s, 0.5);
+    if med == 0.0 || !med.is_finite() {
+        return f64::INFINITY;
+    }
+    (s[hi] - s[lo]) / 2.0 / med.abs()
 }
 
 /// How often each value occurs, in order.
@@ -175,6 +217,7 @@ mod tests {
             max: p90,
             mean: median,
             rel_spread: (p90 - p10) / median,
+            noise: f64::NAN,
         }
     }
 
@@ -205,6 +248,30 @@ mod tests {
         assert!(none.median.is_nan() && none.rel_spread.is_nan());
         let zeros = Summary::from_samples(&[0.0, 0.0]);
         assert_eq!(zeros.rel_spread, 0.0);
+    }
+
+    #[test]
+    fn median_noise_is_wide_for_few_samples_and_shrinks_with_more() {
+        assert!(median_noise(&[1.0]).is_infinite());
+        // Ten samples: the interval spans nearly all of them.
+        let ten: Vec<f64> = (0..10).map(|i| 1.0 + 0.01 * i as f64).collect();
+        let w10 = median_noise(&ten);
+        assert!((w10 - 0.08 / 2.0 / 1.045).abs() < 1e-12, "{w10}");
+        // The same spread with 100x the samples: about 10x narrower.
+        let mut rng = 12345u64;
+        let mut draw = |n: usize| -> Vec<f64> {
+            (0..n)
+                .map(|_| {
+                    rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    1.0 + 0.02 * ((rng >> 11) as f64 / (1u64 << 53) as f64)
+                })
+                .collect()
+        };
+        let (a, b) = (median_noise(&draw(100)), median_noise(&draw(10_000)));
+        assert!(a > 5.0 * b && a < 20.0 * b, "{a} {b}");
+        // Uniform on [1, 1.02]: the median's 95% half-width is about 1.96 * 0.02 / 2 / sqrt(n).
+        assert!((b / (0.98 * 0.02 / 100.0 / 1.01) - 1.0).abs() < 0.25, "{b}");
+        assert_eq!(median_noise(&[2.0; 50]), 0.0);
     }
 
     #[test]

@@ -1009,3 +1009,31 @@ fn selftest_on_the_cpu_catches_every_planted_fault() {
         assert!(stdout.contains(class), "{class}: {stdout}");
     }
 }
+
+#[test]
+fn the_pipeline_gives_the_rows_of_one_case_at_a_time_in_the_same_order() {
+    let strip = |rows: Vec<serde_json::Value>| -> Vec<serde_json::Value> {
+        rows.into_iter()
+            .map(|mut r| {
+                // Timing and throughput differ run to run; everything else must not.
+                for k in ["latency", "gbps", "tflops", "frac_bw", "frac_tc"] {
+                    r.as_object_mut().unwrap().remove(k);
+                }
+                r
+            })
+            .collect()
+    };
+    let mut got = Vec::new();
+    for extra in [&["--no-pipeline"][..], &[][..]] {
+        let out = tempfile::tempdir().unwrap();
+        let o = smoke_on_cpu(&["--check-rows", "3", "--out"])
+            .arg(out.path())
+            .args(extra)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+        got.push(strip(json_rows(out.path())));
+    }
+    assert_eq!(got[0].len(), smoke_case_count());
+    assert_eq!(got[0], got[1]);
+}

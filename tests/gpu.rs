@@ -93,6 +93,7 @@ mod smoke {
         check("graph capture + replay", graph(&be, &mut rng));
         let l2 = l2_timing(&be);
         check("cold vs warm L2 timing", l2);
+        check("noise-aware stopping", noise_stop(&be));
         check("module cache", module_cache(&mut be));
         check("fault -> device lost", fault(&be));
 
@@ -219,6 +220,8 @@ mod smoke {
             warmup: 3,
             min_samples: 20,
             min_time_ms: 5.0,
+            target_noise: None,
+            max_time_ms: 10_000.0,
             cold_l2: false,
             graph: false,
         };
@@ -291,6 +294,58 @@ mod smoke {
                 line("16 MiB copy", cm, cn, 2.0 * bytes),
                 be.flush.bytes() >> 20,
                 be.timer.queue_ahead_ns / 1000
+            ),
+        ))
+    }
+
+    /// A cold 16 MiB read timed to a 0.5% target: it must stop on the
+    /// target (noise at or under it) well before the wall-clock cap, and a
+    /// 1 ms cap with an unreachable target must stop at the cap with more
+    /// than the minimum samples.
+    fn noise_stop(be: &CudaBackend) -> Result<(bool, String)> {
+        let d = &be.dev;
+        let words = 4 << 20;
+        let src = d.alloc_zeros::<u32>(words)?;
+        let mut sink = d.alloc_zeros::<u32>(1)?;
+        let n16 = (words / 4) as u64;
+        let cfg = LaunchConfig {
+            grid_dim: (d.props().sm_count as u32 * 8, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (read, kr) = (be.probe.l2_flush(), 1u32);
+        let mut launch = |_| {
+            // SAFETY: mlab_l2_flush(buf, n, magic, sink): src holds n 16-byte
+            // words of zeros, so with magic 1 nothing is stored to sink.
+            unsafe { d.launch(read).arg(&src).arg(&n16).arg(&kr).arg(&mut sink).launch(cfg) }
+        };
+        let opts = TimingOptions {
+            enabled: true,
+            warmup: 3,
+            min_samples: 10,
+            min_time_ms: 0.0,
+            target_noise: Some(0.005),
+            max_time_ms: 5_000.0,
+            cold_l2: true,
+            graph: false,
+        };
+        let t0 = std::time::Instant::now();
+        let r = be.time_region(&opts, || Ok(()), &mut launch)?;
+        let wall = t0.elapsed().as_secs_f64() * 1e3;
+        let noise = mlabench::stats::median_noise(&r.ms);
+        let capped_opts = TimingOptions {
+            target_noise: Some(1e-9),
+            max_time_ms: 1.0,
+            ..opts
+        };
+        let c = be.time_region(&capped_opts, || Ok(()), &mut launch)?;
+        Ok((
+            noise <= 0.005 && wall < 2_000.0 && c.ms.len() >= 10 && c.ms.len() < 5_000,
+            format!(
+                "to 0.5%: n={} noise {:.3}% in {wall:.0} ms; capped at 1 ms: n={}",
+                r.ms.len(),
+                noise * 100.0,
+                c.ms.len()
             ),
         ))
     }

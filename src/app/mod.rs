@@ -148,6 +148,9 @@ struct Budget {
     /// Row key (`id/variant`) -> why the case is skipped.
     too_big: HashMap<String, String>,
     notes: Vec<String>,
+    /// How many of the largest case that fits fit in host memory at once:
+    /// how far the pipeline may run ahead.
+    cases_that_fit: u64,
 }
 
 /// Sizes every case from its plan (nothing is allocated) against the host
@@ -173,6 +176,7 @@ fn fit_budget(cases: &[Case], opts: &RunOptions, backend: &dyn Backend) -> Resul
     // as fitting.
     let mut runnable = 0;
     let mut smallest: Option<(u64, u64)> = None;
+    let mut largest_host = 0u64;
     for c in cases {
         let fp = footprint(c, &bo).map_err(|err| {
             InputError::Usage(format!(
@@ -191,6 +195,7 @@ fn fit_budget(cases: &[Case], opts: &RunOptions, backend: &dyn Backend) -> Resul
         let over_host = fp.host > host_limit;
         let over_device = fp.device > device_limit;
         if !(over_host || over_device) {
+            largest_host = largest_host.max(fp.host);
             continue;
         }
         let mut why = Vec::new();
@@ -247,7 +252,12 @@ fn fit_budget(cases: &[Case], opts: &RunOptions, backend: &dyn Backend) -> Resul
             cases.len()
         ));
     }
-    Ok(Budget { too_big, notes })
+    let cases_that_fit = host_limit / largest_host.max(1);
+    Ok(Budget {
+        too_big,
+        notes,
+        cases_that_fit,
+    })
 }
 
 /// The run's directory: a given `--run-id` must be new, a default one (a

@@ -84,6 +84,13 @@ impl RunOptions {
                 e.min_time_ms
             ));
         }
+        if !(e.max_time_ms.is_finite() && e.max_time_ms > 0.0) {
+            return usage(format!(
+                "--max-time-ms {}: give a time > 0 in milliseconds",
+                e.max_time_ms
+            ));
+        }
+        let target_noise = parse_noise(&e.target_noise)?;
         if e.repeat_checks == Some(0) {
             return usage(
                 "--repeat-checks 0 would run no checked launch; give at least 1 (2 compares two launches bit for bit)"
@@ -106,6 +113,8 @@ impl RunOptions {
                 warmup: e.warmup,
                 min_samples: e.min_samples,
                 min_time_ms: e.min_time_ms,
+                target_noise,
+                max_time_ms: e.max_time_ms,
                 cold_l2,
                 graph: e.graph,
             },
@@ -295,4 +304,18 @@ fn writable_dir(dir: &Path, flag: &str) -> Result<(), InputError> {
 fn same_files(a: &[String], b: &[String]) -> bool {
     let norm = |p: &String| std::fs::canonicalize(p).unwrap_or_else(|_| Path::new(p).components().collect::<PathBuf>());
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| norm(x) == norm(y))
+}
+
+/// `--target-noise`: percent, with or without `%`, or `off`.
+fn parse_noise(s: &str) -> Result<Option<f64>, InputError> {
+    let t = s.trim();
+    if t.eq_ignore_ascii_case("off") {
+        return Ok(None);
+    }
+    match t.trim_end_matches('%').trim().parse::<f64>() {
+        Ok(p) if p.is_finite() && p > 0.0 && p < 100.0 => Ok(Some(p / 100.0)),
+        _ => Err(InputError::Usage(format!(
+            "--target-noise {s}: give a percentage above 0 and below 100 (0.5 or 0.5% is 0.5%), or off to stop on --min-samples and --min-time-ms alone"
+        ))),
+    }
 }

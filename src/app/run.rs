@@ -11,7 +11,7 @@ use crate::cli::RunArgs;
 use crate::error::{exit, InputError};
 use crate::report::{self, progress::Progress, RunDir, RunMeta};
 use crate::result::Status;
-use crate::runner::{self, Caches};
+use crate::runner;
 
 use super::compare::{judge, read_entries, read_stamp};
 use super::options::RunOptions;
@@ -78,28 +78,31 @@ pub fn run(args: &RunArgs) -> Result<u8> {
             before
         ));
     }
-    let mut caches = Caches::default();
     let mut lost: Option<String> = None;
-    for case in &cases {
-        progress.start(&case.key());
-        let row = match budget.too_big.get(&case.key()) {
-            Some(why) => runner::skipped_row(case, backend.info().backend.as_str(), &case_opts, why),
-            None => {
-                let out = runner::run_case(case, &mut caches, backend.as_mut(), &mut workers, &case_opts);
-                if out.device_lost {
-                    lost = Some(case.key());
-                }
-                if let (Some(d), Some(o)) = (&opts.dump, &out.output) {
-                    let dumped = caches
-                        .get(case, opts.check_rows)
-                        .and_then(|(wl, refs)| report::dump::case(d, case, wl, refs, &o.tensors, &out.row));
-                    if let Err(e) = dumped {
-                        progress.println(&format!("warning: --dump for {} failed: {e:#}", case.key()));
-                    }
-                }
-                out.row
+    let bname = backend.info().backend.clone();
+    let pre = |case: &crate::case::Case| {
+        budget
+            .too_big
+            .get(&case.key())
+            .map(|why| runner::skipped_row(case, &bname, &case_opts, why))
+    };
+    let depth = if args.no_pipeline {
+        runner::Depth::Sequential
+    } else {
+        runner::Depth::for_machine(
+            budget.cases_that_fit,
+            rayon::current_num_threads(),
+            backend.info().backend == "cpu",
+        )
+    };
+    let on_start = |case: &crate::case::Case| progress.start(&case.key());
+    let mut sink = |case: &crate::case::Case, out: runner::CaseOutcome| -> Result<bool> {
+        if let (Some(d), Some(o), Some(i)) = (&opts.dump, &out.output, &out.inputs) {
+            if let Err(e) = report::dump::case(d, case, &i.workload, &i.refs, &o.tensors, &out.row) {
+                progress.println(&format!("warning: --dump for {} failed: {e:#}", case.key()));
             }
-        };
+        }
+        let row = out.row;
         if matches!(row.status, Status::Fail | Status::Error) {
             progress.println(&format!("{} {}: {}", status_word(row.status), case.key(), row.reason));
         }
@@ -107,12 +110,25 @@ pub fn run(args: &RunArgs) -> Result<u8> {
         progress.inc();
         // Nothing after a lost device could be trusted: stop, and let the
         // run say it is incomplete, so `--resume` finishes it.
-        if lost.is_some() {
-            break;
+        if out.device_lost {
+            lost = Some(case.key());
+            return Ok(false);
         }
-    }
+        Ok(true)
+    };
+    let times = runner::run_all(
+        &cases,
+        &pre,
+        backend.as_mut(),
+        &mut workers,
+        &case_opts,
+        depth,
+        &on_start,
+        &mut sink,
+    )?;
     progress.finish();
-    let gflops = (caches.ref_secs > 0.0).then(|| caches.ref_flops / caches.ref_secs / 1e9);
+    let (ref_flops, ref_secs) = (times.ref_flops, times.ref_secs);
+    let gflops = (ref_secs > 0.0).then(|| ref_flops / ref_secs / 1e9);
     // A resumed run that computed no reference keeps the throughput it had.
     dir.finish(|m| m.reference_gflops = gflops.or(m.reference_gflops))?;
     let rows = dir.rows();
@@ -130,9 +146,10 @@ pub fn run(args: &RunArgs) -> Result<u8> {
             "reference: {:.1} GFLOP/s (f64, {} threads), {:.1} s",
             g,
             rayon::current_num_threads(),
-            caches.ref_secs
+            ref_secs
         );
     }
+    println!("{times}");
     let peers = super::write_peers(dir.path(), rows)?;
     if !peers.is_empty() && !args.quiet {
         println!("{}", report::peers::table(&peers, std::io::stdout().is_terminal()));

@@ -75,6 +75,7 @@ impl Backend for CpuBackend {
             device_checks: emu.checks,
             samples,
             notes: vec![],
+            phases: vec![("emulate", t0.elapsed().as_secs_f64())],
         })
     }
 }

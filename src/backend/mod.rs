@@ -40,6 +40,11 @@ pub struct DeviceInfo {
     pub details: Vec<(String, String)>,
 }
 
+/// `--target-noise`'s default: 0.5%, as nvbench's.
+pub const DEFAULT_TARGET_NOISE: f64 = 0.005;
+/// `--max-time-ms`'s default.
+pub const DEFAULT_MAX_TIME_MS: f64 = 1000.0;
+
 /// How to time a run (SPEC §5).
 #[derive(Clone, Debug)]
 pub struct TimingOptions {
@@ -47,6 +52,13 @@ pub struct TimingOptions {
     pub warmup: usize,
     pub min_samples: usize,
     pub min_time_ms: f64,
+    /// Stop sampling once the median's 95% interval half-width
+    /// (`stats::median_noise`) is at most this fraction; `None`: stop on
+    /// the minimums alone.
+    pub target_noise: Option<f64>,
+    /// Wall-clock limit on sampling one timed case, all its regions
+    /// together (the minimum sample count is still taken).
+    pub max_time_ms: f64,
     /// Rotate input copies / flush L2 so each sample starts cold.
     pub cold_l2: bool,
     /// Time replays of a captured CUDA graph.
@@ -59,7 +71,9 @@ impl Default for TimingOptions {
             enabled: true,
             warmup: 3,
             min_samples: 10,
-            min_time_ms: 50.0,
+            min_time_ms: 0.0,
+            target_noise: Some(DEFAULT_TARGET_NOISE),
+            max_time_ms: DEFAULT_MAX_TIME_MS,
             cold_l2: true,
             graph: false,
         }
@@ -141,6 +155,9 @@ pub struct RunOutput {
     pub samples: Option<Samples>,
     /// Backend-specific notes for the report (e.g. compile cache hits).
     pub notes: Vec<String>,
+    /// Host seconds per phase of the run (load, launch, download, time,
+    /// ...), for the run's account of where its wall clock went.
+    pub phases: Vec<(&'static str, f64)>,
 }
 
 #[derive(Debug, Error)]

@@ -440,11 +440,13 @@ impl WorkerPool {
                     "min_samples": if cpu { 1 } else { t.min_samples },
                     "min_time_ms": if cpu { 0.0 } else { t.min_time_ms },
                     "max_samples": if cpu { 1 } else { 100_000 },
+                    "target_noise": if cpu { None } else { t.target_noise },
+                    "max_time_ms": t.max_time_ms,
                     "cold_l2": t.cold_l2,
                     "l2_flush_bytes": if hello.l2_bytes > 0 { 2 * hello.l2_bytes } else { 256 << 20 },
                     "graph": t.graph,
                 });
-                let timeout = d.timeout_s.max(t.min_time_ms / 1e3 * 4.0 + 10.0);
+                let timeout = d.timeout_s.max((t.min_time_ms + t.max_time_ms) / 1e3 * 4.0 + 10.0);
                 let reply = w.request(&req, timeout).map_err(|f| with_tail(f, w))?;
                 out.samples = Some(samples(&reply, if cpu { 1 } else { t.min_samples }).map_err(Fault::Fatal)?);
             }

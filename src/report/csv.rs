@@ -10,7 +10,7 @@ use super::{clock, latency, lse_error, quant_noise, status_word, worst_output};
 use crate::result::Row;
 
 /// The columns, in order.
-pub const HEADER: [&str; 36] = [
+pub const HEADER: [&str; 39] = [
     "case_id",
     "variant",
     "contract",
@@ -40,6 +40,9 @@ pub const HEADER: [&str; 36] = [
     "variant_p90_ms",
     "variant_min_ms",
     "rel_spread",
+    "samples",
+    "noise",
+    "noise_capped",
     "clock",
     "gbps",
     "tflops",
@@ -119,6 +122,13 @@ fn record(r: &Row) -> Vec<String> {
         num(v.map(|s| s.p90)),
         num(v.map(|s| s.min)),
         num(v.or(k).map(|s| s.rel_spread)),
+        v.or(k).map(|s| s.n.to_string()).unwrap_or_default(),
+        num(v.or(k).map(|s| s.noise).filter(|x| x.is_finite())),
+        if r.latency.is_empty() {
+            String::new()
+        } else {
+            r.latency.iter().any(|l| l.capped).to_string()
+        },
         clock(r).unwrap_or_default().to_string(),
         num(r.gbps),
         num(r.tflops),
@@ -192,6 +202,9 @@ mod tests {
             "kernel_median_ms",
             "variant_min_ms",
             "rel_spread",
+            "samples",
+            "noise",
+            "noise_capped",
             "clock",
             "gbps",
             "frac_tc",

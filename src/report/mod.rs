@@ -264,7 +264,9 @@ pub(crate) mod testutil {
                 max: median * 1.5,
                 mean: median * 1.05,
                 rel_spread: 0.3,
+                noise: 0.004,
             },
+            capped: false,
         }
     }
 

@@ -187,6 +187,7 @@ fn latencies(rows: &[Row], look: Look) -> (String, Option<Table>) {
         "variant median",
         "p10-p90",
         "spread",
+        "median ±",
         "GB/s",
         "TFLOP/s",
         "%BW",
@@ -217,6 +218,7 @@ fn latencies(rows: &[Row], look: Look) -> (String, Option<Table>) {
             opt(latency(r, "variant").map(|l| l.summary.median), duration_ms),
             num(range.unwrap_or_else(|| "-".to_string())),
             opt(v.filter(|_| !single).map(|s| s.rel_spread), percent),
+            num(noise_text(r)),
             opt(r.gbps, sig3),
             opt(r.tflops, sig3),
             opt(r.frac_bw, percent),
@@ -229,6 +231,23 @@ fn latencies(rows: &[Row], look: Look) -> (String, Option<Table>) {
     }
     constrain(&mut t, None);
     (title, Some(t))
+}
+
+/// The variant region's median noise (the kernel's without one), and
+/// `capped` when sampling stopped at `--max-time-ms` short of the target.
+pub fn noise_text(r: &Row) -> String {
+    let Some(l) = latency(r, "variant").or_else(|| latency(r, "kernel")) else {
+        return "-".into();
+    };
+    if l.summary.n < 2 || !l.summary.noise.is_finite() {
+        return "-".into();
+    }
+    let capped = r.latency.iter().any(|l| l.capped);
+    format!(
+        "{}{}",
+        percent(l.summary.noise),
+        if capped { " noise-capped" } else { "" }
+    )
 }
 
 #[cfg(test)]

@@ -1,47 +1,99 @@
 //! The workload and references of the current data id: cases arrive
-//! grouped by data id, so each is built once and shared by every variant.
+//! grouped by data id, so each is built once and shared by every variant,
+//! and by the pipeline's stages (hence `Arc`).
 
-use anyhow::Result;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
 use crate::case::{Case, CaseParams};
 use crate::reference::{self, RefSet};
 use crate::workload::{self, Workload};
 
+/// One case's inputs: its workload (at its page size) and the references
+/// of its data id.
+#[derive(Clone)]
+pub struct Inputs {
+    pub workload: Arc<Workload>,
+    pub refs: Arc<RefSet>,
+}
+
 /// Caches the current workload and references: cases arrive grouped by id.
 #[derive(Default)]
 pub struct Caches {
-    workload: Option<(String, Workload)>,
-    refs: Option<RefSet>,
+    workload: Option<(String, Arc<Workload>)>,
+    refs: Option<Arc<RefSet>>,
     /// Reference FLOPs and seconds, for the GFLOP/s line.
     pub ref_flops: f64,
     pub ref_secs: f64,
 }
 
 impl Caches {
-    /// The case's workload and references, built once per id / data id.
-    pub fn get(&mut self, case: &Case, check_rows: Option<usize>) -> Result<(&Workload, &RefSet)> {
-        let same_data = self.refs.as_ref().map(|r| r.data_id == case.data_id).unwrap_or(false);
+    /// The case's inputs, built once per id / data id. A panic while
+    /// building becomes an error. Re-paging the same data for another page
+    /// size changes the workload in place, once no earlier case still holds
+    /// it: with `wait`, it waits for them (the pipeline's later stages let
+    /// go as they finish) unless `wait` turns true; without, it builds anew.
+    pub fn get(&mut self, case: &Case, check_rows: Option<usize>, wait: Option<&AtomicBool>) -> Result<Inputs, String> {
+        match catch_unwind(AssertUnwindSafe(|| self.build(case, check_rows, wait))) {
+            Ok(Ok(i)) => Ok(i),
+            Ok(Err(e)) => {
+                self.workload = None;
+                self.refs = None;
+                Err(format!("building inputs: {e:#}"))
+            }
+            Err(p) => {
+                self.workload = None;
+                self.refs = None;
+                Err(format!(
+                    "panic while building inputs or reference: {}",
+                    super::panic_text(&p)
+                ))
+            }
+        }
+    }
+
+    fn build(&mut self, case: &Case, check_rows: Option<usize>, wait: Option<&AtomicBool>) -> anyhow::Result<Inputs> {
+        let same_data = self.refs.as_ref().is_some_and(|r| r.data_id == case.data_id);
         match (&mut self.workload, &case.params) {
             (Some((id, _)), _) if *id == case.id => {}
             // Same data at another page size: re-page, keep Q, KV and references.
-            (Some((id, Workload::Mla(w))), CaseParams::Mla(p)) if same_data => {
-                w.repage(p.page_size, case.seed);
+            (Some((id, arc)), CaseParams::Mla(p)) if same_data && matches!(**arc, Workload::Mla(_)) => {
+                if let Some(stop) = wait {
+                    while Arc::strong_count(arc) > 1 {
+                        if stop.load(Ordering::Relaxed) {
+                            anyhow::bail!("the run stopped");
+                        }
+                        std::thread::sleep(Duration::from_micros(200));
+                    }
+                }
+                match Arc::get_mut(arc) {
+                    Some(Workload::Mla(w)) => w.repage(p.page_size, case.seed),
+                    _ => *arc = Arc::new(workload::build(case)?),
+                }
                 *id = case.id.clone();
             }
             // Same V4 data under other knobs (split count, eager, workspace).
-            (Some((id, Workload::V4(_))), CaseParams::V4(_)) if same_data => *id = case.id.clone(),
+            (Some((id, arc)), CaseParams::V4(_)) if same_data && matches!(**arc, Workload::V4(_)) => {
+                *id = case.id.clone()
+            }
             _ => {
                 self.workload = None;
-                self.workload = Some((case.id.clone(), workload::build(case)?));
+                self.workload = Some((case.id.clone(), Arc::new(workload::build(case)?)));
             }
         }
-        let wl = &self.workload.as_ref().expect("just built").1;
-        if self.refs.as_ref().map(|r| r.data_id != case.data_id).unwrap_or(true) {
-            let r = reference::build(case, wl, check_rows)?;
+        let wl = self.workload.as_ref().expect("just built").1.clone();
+        if !same_data {
+            self.refs = None;
+            let r = reference::build(case, &wl, check_rows)?;
             self.ref_flops += r.flops;
             self.ref_secs += r.secs;
-            self.refs = Some(r);
+            self.refs = Some(Arc::new(r));
         }
-        Ok((wl, self.refs.as_ref().expect("just built")))
+        Ok(Inputs {
+            workload: wl,
+            refs: self.refs.clone().expect("just built"),
+        })
     }
 }

@@ -3,21 +3,22 @@
 //! the report row. Never panics outward: a panic becomes an error row.
 
 mod cache;
+mod pipeline;
 
-pub use cache::Caches;
+pub use cache::{Caches, Inputs};
+pub use pipeline::{run_all, Depth, StageTimes};
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use crate::backend::worker::WorkerPool;
-use crate::backend::{Backend, BackendError, Exec, RunOutput};
+use crate::backend::{Backend, BackendError, DeviceInfo, Exec, RunOutput};
 use crate::case::Case;
 use crate::metrics;
 use crate::reference::{self, RefSet};
 use crate::result::{Check, Latency, Row, Status};
 use crate::stats::Summary;
 use crate::variants::output::find;
-use crate::variants::{self, Decision, Job, OutTensor, PlanData};
-use crate::workload::Workload;
+use crate::variants::{self, Decision, Job, OutTensor, Plan, PlanData};
 
 /// What the runner needs of the run's options (app::options builds it).
 #[derive(Clone, Debug)]
@@ -166,6 +167,41 @@ pub struct CaseOutcome {
     pub device_lost: bool,
     /// Tensors and plan, kept for `--dump`.
     pub output: Option<RunOutput>,
+    /// Its inputs, kept for `--dump`.
+    pub inputs: Option<Inputs>,
+}
+
+impl CaseOutcome {
+    fn ended(row: Row) -> CaseOutcome {
+        CaseOutcome {
+            row,
+            device_lost: false,
+            output: None,
+            inputs: None,
+        }
+    }
+}
+
+/// A case the device (or its worker) has run, waiting for its checks.
+pub struct Ran {
+    row: Row,
+    decision: Decision,
+    plan: Plan,
+    inputs: Inputs,
+    out: RunOutput,
+}
+
+/// Where a case stands after [`execute`].
+pub enum Stage {
+    /// Its row is final: skipped, or it could not run.
+    Done(Box<CaseOutcome>),
+    /// It ran; [`finish`] checks it.
+    Ran(Box<Ran>),
+}
+
+/// Whether the case needs inputs at all (a row the gate skips does not).
+pub fn needs_inputs(case: &Case) -> bool {
+    variants::decide(case).skip.is_none()
 }
 
 /// Runs one case end to end. Never panics outward: a panic becomes an error row.
@@ -176,6 +212,37 @@ pub fn run_case(
     workers: &mut WorkerPool,
     opts: &CaseOptions,
 ) -> CaseOutcome {
+    let inputs = if needs_inputs(case) {
+        caches.get(case, opts.check_rows, None)
+    } else {
+        Err("not needed".into())
+    };
+    match execute(case, inputs, None, backend, workers, opts) {
+        Stage::Done(o) => *o,
+        Stage::Ran(r) => finish(case, *r, backend.info(), opts),
+    }
+}
+
+/// The case's plan from its inputs (the merges plan from the reference,
+/// which costs as much as a kernel's emulation: the pipeline does it ahead).
+pub fn plan_case(case: &Case, decision: &Decision, inputs: &Inputs) -> Result<Plan, variants::PlanError> {
+    let data = PlanData {
+        workload: &inputs.workload,
+        refs: &inputs.refs,
+    };
+    case.variant.unit().plan(case, decision, Some(data))
+}
+
+/// The device half of a case: the gate, the plan and the launches (or the
+/// worker's run). `inputs` is only read when the gate lets the case run.
+pub fn execute(
+    case: &Case,
+    inputs: Result<Inputs, String>,
+    prepared_plan: Option<Result<Plan, variants::PlanError>>,
+    backend: &mut dyn Backend,
+    workers: &mut WorkerPool,
+    opts: &CaseOptions,
+) -> Stage {
     let bname = backend.info().backend.clone();
     let mut row = base_row(case, &bname, opts);
     let decision: Decision = variants::decide(case);
@@ -184,55 +251,30 @@ pub fn run_case(
     if let Some(why) = &decision.skip {
         row.status = Status::Skip;
         row.reason = why.clone();
-        return CaseOutcome {
-            row,
-            device_lost: false,
-            output: None,
-        };
+        return Stage::Done(Box::new(CaseOutcome::ended(row)));
     }
-    let got = catch_unwind(AssertUnwindSafe(|| {
-        caches
-            .get(case, opts.check_rows)
-            .map(|(w, r)| (w as *const Workload, r as *const RefSet))
-    }));
-    let (wl, refs) = match got {
-        Ok(Ok((w, r))) => {
-            // SAFETY: both point into `caches`, which is not touched again until
-            // this function returns; the pointers only shorten the borrow.
-            unsafe { (&*w, &*r) }
-        }
-        Ok(Err(e)) => {
+    let inputs = match inputs {
+        Ok(i) => i,
+        Err(e) => {
             row.status = Status::Error;
-            row.reason = format!("building inputs: {e:#}");
-            return CaseOutcome {
-                row,
-                device_lost: false,
-                output: None,
-            };
-        }
-        Err(p) => {
-            row.status = Status::Error;
-            row.reason = format!("panic while building inputs or reference: {}", panic_text(&p));
-            return CaseOutcome {
-                row,
-                device_lost: false,
-                output: None,
-            };
+            row.reason = e;
+            return Stage::Done(Box::new(CaseOutcome::ended(row)));
         }
     };
+    let (wl, refs) = (&*inputs.workload, &*inputs.refs);
     row.rows_checked = refs.rows.len();
     let unit = case.variant.unit();
-    let plan = unit.plan(case, &decision, Some(PlanData { workload: wl, refs }));
-    let plan = match plan {
+    let planned_at = std::time::Instant::now();
+    let planned = match prepared_plan {
+        Some(p) => p,
+        None => plan_case(case, &decision, &inputs),
+    };
+    let plan = match planned {
         Ok(p) => p,
         Err(e) => {
             row.status = Status::Error;
             row.reason = e.to_string();
-            return CaseOutcome {
-                row,
-                device_lost: false,
-                output: None,
-            };
+            return Stage::Done(Box::new(CaseOutcome::ended(row)));
         }
     };
     row.plan = match &decision.fallback {
@@ -245,6 +287,7 @@ pub fn run_case(
         plan: &plan,
         rows: &refs.rows,
     };
+    let plan_secs = planned_at.elapsed().as_secs_f64();
     let cost = unit.cost(&job);
     (row.bytes, row.flops) = (cost.bytes, cost.flops);
 
@@ -258,41 +301,65 @@ pub fn run_case(
         row.backend = format!("worker:{}", h.device_kind);
     }
     let out = match ran {
-        Ok(Ok(o)) => o,
+        Ok(Ok(mut o)) => {
+            o.phases.insert(0, ("plan", plan_secs));
+            o
+        }
         Ok(Err(BackendError::Unsupported(why))) => {
             row.status = Status::Skip;
             row.reason = why;
-            return CaseOutcome {
-                row,
-                device_lost: false,
-                output: None,
-            };
+            return Stage::Done(Box::new(CaseOutcome::ended(row)));
         }
         Ok(Err(e)) => {
             let lost = matches!(e, BackendError::DeviceLost(_));
             row.status = Status::Error;
             row.reason = e.to_string();
-            return CaseOutcome {
-                row,
-                device_lost: lost,
-                output: None,
-            };
+            let mut o = CaseOutcome::ended(row);
+            o.device_lost = lost;
+            return Stage::Done(Box::new(o));
         }
         Err(p) => {
             row.status = Status::Error;
             row.reason = format!("panic in backend: {}", panic_text(&p));
-            return CaseOutcome {
-                row,
-                device_lost: false,
-                output: None,
-            };
+            return Stage::Done(Box::new(CaseOutcome::ended(row)));
         }
     };
-    let judged = unit.check(&job, refs, &out.tensors, true).and_then(|mut cs| {
-        cs.extend(repeat_checks(&job, refs, &out.tensors, &out.repeats)?);
-        cs.extend(device_checks(&out));
-        Ok(cs)
-    });
+    Stage::Ran(Box::new(Ran {
+        row,
+        decision,
+        plan,
+        inputs,
+        out,
+    }))
+}
+
+/// The host half of a case that ran: its checks, status and statistics.
+/// `device` gives the ceilings for %BW and %TC. A panic in a check becomes
+/// an error row.
+pub fn finish(case: &Case, ran: Ran, device: &DeviceInfo, opts: &CaseOptions) -> CaseOutcome {
+    let Ran {
+        mut row,
+        decision,
+        plan,
+        inputs,
+        out,
+    } = ran;
+    let job = Job {
+        case,
+        workload: &inputs.workload,
+        plan: &plan,
+        rows: &inputs.refs.rows,
+    };
+    let refs = &*inputs.refs;
+    let unit = case.variant.unit();
+    let judged = catch_unwind(AssertUnwindSafe(|| {
+        unit.check(&job, refs, &out.tensors, true).and_then(|mut cs| {
+            cs.extend(repeat_checks(&job, refs, &out.tensors, &out.repeats)?);
+            cs.extend(device_checks(&out));
+            Ok(cs)
+        })
+    }))
+    .unwrap_or_else(|p| Err(format!("panic in the checks: {}", panic_text(&p))));
     match judged {
         Ok(cs) => row.checks = cs,
         Err(e) => {
@@ -319,13 +386,21 @@ pub fn run_case(
         }
     }
     if let Some(s) = &out.samples {
-        let info = backend.info();
         for (region, v) in [("kernel", &s.kernel_ms), ("variant", &s.variant_ms)] {
             if !v.is_empty() {
+                let summary = Summary::from_samples(v);
+                // One host sample is never judged, and so never capped.
+                let capped = s.clock != "cpu-wall"
+                    && opts
+                        .exec
+                        .timing
+                        .target_noise
+                        .is_some_and(|t| summary.noise.is_nan() || summary.noise > t);
                 row.latency.push(Latency {
                     region: region.into(),
                     clock: s.clock.clone(),
-                    summary: Summary::from_samples(v),
+                    summary,
+                    capped,
                 });
             }
         }
@@ -334,18 +409,19 @@ pub fn run_case(
             let tflops = row.flops / (ms * 1e-3) / 1e12;
             row.gbps = Some(gbps);
             row.tflops = Some(tflops);
-            row.frac_bw = info.copy_gbps.map(|c| gbps / c);
-            row.frac_tc = info.tensor_tflops.map(|c| tflops / c);
+            row.frac_bw = device.copy_gbps.map(|c| gbps / c);
+            row.frac_tc = device.tensor_tflops.map(|c| tflops / c);
         }
     }
     CaseOutcome {
         row,
         device_lost: false,
         output: Some(out),
+        inputs: Some(inputs),
     }
 }
 
-fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
+pub(crate) fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
     p.downcast_ref::<&str>()
         .map(|s| s.to_string())
         .or_else(|| p.downcast_ref::<String>().cloned())

@@ -35,38 +35,32 @@ pub fn e4m3_table() -> &'static [f32; 256] {
     })
 }
 
-/// Positive finite e4m3 values (codes 0..=0x7E) and the midpoints between
-/// neighbours: encoding is a binary search, fast enough for large pools.
-fn e4m3_midpoints() -> &'static [f32; 126] {
-    use std::sync::OnceLock;
-    static M: OnceLock<[f32; 126]> = OnceLock::new();
-    M.get_or_init(|| {
-        let t = e4m3_table();
-        let mut m = [0f32; 126];
-        for (i, v) in m.iter_mut().enumerate() {
-            *v = (t[i] + t[i + 1]) / 2.0;
-        }
-        m
-    })
-}
-
 /// Encodes with round-to-nearest-even, saturating to +-448 (as the
-/// frameworks' `to(float8_e4m3fn)` after a clamp). NaN maps to NaN.
+/// frameworks' `to(float8_e4m3fn)` after a clamp). NaN maps to NaN. Bit
+/// arithmetic: large pools are encoded element by element.
 pub fn f32_to_e4m3(x: f32) -> u8 {
     if x.is_nan() {
         return E4M3_NAN;
     }
     let sign: u8 = if x.is_sign_negative() { 0x80 } else { 0 };
     let a = x.abs();
-    let mid = e4m3_midpoints();
-    // Code i is the nearest when mid[i-1] <= a <= mid[i]; exact midpoints tie to the even code.
-    let i = mid.partition_point(|&m| m < a);
-    let code = if i < mid.len() && a == mid[i] && i % 2 == 1 {
-        i + 1
+    let code = if a < 2f32.powi(-6) {
+        // Subnormal codes are multiples of 2^-9; scaling by a power of two is exact.
+        (a * 512.0).round_ties_even() as u32
     } else {
-        i
+        let u = a.to_bits();
+        let exp = (u >> 23) as i32 - 127;
+        if exp > 8 {
+            0x7E
+        } else {
+            let m = u & 0x7F_FFFF;
+            let (q, rem) = (m >> 20, m & 0xF_FFFF);
+            let up = rem > 0x8_0000 || (rem == 0x8_0000 && q & 1 == 1);
+            // A carry out of the mantissa moves into the exponent, as it should.
+            (((exp + 7) as u32) << 3) + q + up as u32
+        }
     };
-    sign | code as u8
+    sign | code.min(0x7E) as u8
 }
 
 /// UE8M0 scale byte for a tile with absolute maximum `amax` (SPEC §2).
@@ -99,6 +93,58 @@ pub fn round_bf16(x: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The encoder by definition: the nearest code by binary search over
+    /// the midpoints of neighbouring codes, ties to the even code.
+    fn by_search(x: f32) -> u8 {
+        if x.is_nan() {
+            return E4M3_NAN;
+        }
+        let sign: u8 = if x.is_sign_negative() { 0x80 } else { 0 };
+        let a = x.abs();
+        let t = e4m3_table();
+        let mid: Vec<f32> = (0..126).map(|i| (t[i] + t[i + 1]) / 2.0).collect();
+        let i = mid.partition_point(|&m| m < a);
+        let code = if i < mid.len() && a == mid[i] && i % 2 == 1 {
+            i + 1
+        } else {
+            i
+        };
+        sign | code as u8
+    }
+
+    #[test]
+    fn bit_encoder_matches_the_nearest_code_search() {
+        let t = e4m3_table();
+        let mut probes: Vec<f32> = vec![
+            0.0,
+            -0.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::MIN_POSITIVE,
+            1e-30,
+            1e30,
+        ];
+        // Every code, every midpoint, and their neighbours one ulp away.
+        for i in 0..126 {
+            for v in [t[i], (t[i] + t[i + 1]) / 2.0] {
+                for w in [
+                    v,
+                    f32::from_bits(v.to_bits() + 1),
+                    f32::from_bits(v.to_bits().saturating_sub(1)),
+                ] {
+                    probes.push(w);
+                    probes.push(-w);
+                }
+            }
+        }
+        // And a dense sweep over the f32 bit patterns of the e4m3 range and beyond.
+        let (lo, hi) = (2f32.powi(-12).to_bits(), 1024f32.to_bits());
+        probes.extend((lo..hi).step_by(97).map(f32::from_bits));
+        for x in probes {
+            assert_eq!(f32_to_e4m3(x), by_search(x), "x = {x:e} ({:#x})", x.to_bits());
+        }
+    }
 
     #[test]
     fn e4m3_roundtrips_every_finite_code() {

@@ -56,10 +56,12 @@ impl MlaWorkload {
     /// share the expensive part. Equal to a fresh build at that page size.
     pub fn repage(&mut self, page_size: usize, seed: u64) {
         self.p.page_size = page_size;
+        // Ranks are independent copies: build them side by side.
         self.shards = self
             .p
             .dcp
             .ranks()
+            .into_par_iter()
             .map(|r| build_shard(&self.p, r, &self.kv, &self.g_kv_indptr, seed))
             .collect();
     }
@@ -151,6 +153,7 @@ pub fn build(p: &MlaParams, seed: u64) -> Result<MlaWorkload> {
     let shards = p
         .dcp
         .ranks()
+        .into_par_iter()
         .map(|r| build_shard(p, r, &kv.elems, &g_kv_indptr, seed))
         .collect();
 

@@ -238,6 +238,9 @@ pub fn launch_overhead(dev: &CudaDevice, probe: &Probe, timer: &Timer) -> Result
         warmup: 10,
         min_samples: 50,
         min_time_ms: 0.0,
+        // Exactly the 50 samples: a probe, not a row.
+        target_noise: None,
+        max_time_ms: f64::INFINITY,
         cold_l2: false,
         graph: false,
     };

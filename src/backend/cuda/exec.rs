@@ -6,6 +6,7 @@
 
 use cudarc::driver::LaunchConfig;
 use std::sync::Arc;
+use std::time::Instant;
 
 use super::{CudaBackend, DeviceBuffer, Kernel, LoadedModule, RawArg};
 use crate::backend::{BackendError, Exec, Handoff, RunOutput, Samples};
@@ -34,6 +35,15 @@ struct Loaded {
     calls: Vec<(Arc<LoadedModule>, bool)>,
 }
 
+/// Adds the time since `t` to the output's phase `name`.
+fn phase(out: &mut RunOutput, name: &'static str, t: Instant) {
+    let dt = t.elapsed().as_secs_f64();
+    match out.phases.iter_mut().find(|(n, _)| *n == name) {
+        Some((_, s)) => *s += dt,
+        None => out.phases.push((name, dt)),
+    }
+}
+
 impl CudaBackend {
     /// Runs a variant's programs (one per sequential pass) as [`Exec`] says.
     pub(super) fn execute(&mut self, programs: &[Program], exec: &Exec) -> R<RunOutput> {
@@ -44,11 +54,17 @@ impl CudaBackend {
         };
         for prog in programs {
             prog.validate().map_err(BackendError::Failed)?;
+            let t = Instant::now();
             let mut l = self.load(prog, exec.handoff)?;
+            self.dev.sync()?;
+            phase(&mut out, "load", t);
             for k in 0..repeats {
+                let t = Instant::now();
                 self.poison(prog, &l)?;
                 self.launch(prog, &l, true)?;
                 self.dev.sync()?;
+                phase(&mut out, "launch", t);
+                let t = Instant::now();
                 let name = if k == 0 {
                     "counters".to_string()
                 } else {
@@ -61,8 +77,10 @@ impl CudaBackend {
                     &mut out.repeats[k - 1]
                 };
                 into.extend(self.outputs(prog, &l, "")?);
+                phase(&mut out, "download", t);
             }
             if prog.timed && exec.timing.enabled {
+                let t = Instant::now();
                 let two = prog.calls.iter().any(|c| c.second);
                 out.samples = Some(if two {
                     self.kernel_and_variant(&exec.timing, |variant| self.launch(prog, &l, variant))?
@@ -77,8 +95,10 @@ impl CudaBackend {
                 if !prog.at_rest.is_empty() {
                     self.at_rest(prog, &mut l, "counters.timed".into(), &mut out.device_checks)?;
                 }
+                phase(&mut out, "time", t);
             }
             if !prog.replays.is_empty() {
+                let t = Instant::now();
                 let graph = self.dev.capture(|| self.launch(prog, &l, true))?;
                 for r in &prog.replays {
                     for (b, data) in &r.uploads {
@@ -90,7 +110,11 @@ impl CudaBackend {
                     self.at_rest(prog, &mut l, format!("counters{}", r.suffix), &mut out.device_checks)?;
                     out.tensors.extend(self.outputs(prog, &l, &r.suffix)?);
                 }
+                phase(&mut out, "replays", t);
             }
+            let t = Instant::now();
+            drop(l);
+            phase(&mut out, "free", t);
         }
         out.notes = self.take_notes();
         Ok(out)

@@ -243,8 +243,12 @@ impl Backend for CudaBackend {
     }
 
     fn run(&mut self, unit: &dyn Variant, job: &Job, exec: &Exec) -> Result<RunOutput, BackendError> {
+        let t = std::time::Instant::now();
         let programs = unit.programs(job).map_err(BackendError::Failed)?;
-        self.execute(&programs, exec)
+        let built = t.elapsed().as_secs_f64();
+        let mut out = self.execute(&programs, exec)?;
+        out.phases.insert(0, ("programs", built));
+        Ok(out)
     }
 
     fn free_memory(&self) -> Option<u64> {
