@@ -5,28 +5,11 @@
 //! never a lost run or a silent pass. Needs python3 with numpy; skipped with
 //! a message without them, unless MLABENCH_REQUIRE_PYTHON=1 (CI sets it).
 
+mod common;
+
 use assert_cmd::Command;
+use common::{python_or_skip, root};
 use std::path::{Path, PathBuf};
-
-fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn python_or_skip() -> bool {
-    let ok = std::process::Command::new("python3")
-        .args(["-c", "import numpy"])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    if !ok {
-        assert!(
-            std::env::var("MLABENCH_REQUIRE_PYTHON").as_deref() != Ok("1"),
-            "MLABENCH_REQUIRE_PYTHON=1 but python3 with numpy is not usable"
-        );
-        eprintln!("skipping: python3 with numpy is not available");
-    }
-    ok
-}
 
 /// A declaration of the numpy worker for `contract` with extra worker args
 /// and declaration lines, written into `dir`.

@@ -9,16 +9,13 @@ use crate::report::{self, RunDir};
 
 pub fn report(args: &ReportArgs) -> Result<u8> {
     super::declare_impls(&args.impls)?;
-    let registry = crate::variants::registry();
     for path in &args.dirs {
         let mut dir = RunDir::reopen(path).map_err(|e| crate::error::InputError::Usage(format!("{e:#}")))?;
         let mut unknown = std::collections::BTreeSet::new();
         for r in dir.rows_mut().iter_mut().filter(|r| r.contract.is_empty()) {
-            match registry.iter().find(|v| v.info().id.0 == r.variant) {
-                Some(v) => r.contract = v.info().kind.name().to_string(),
-                None => {
-                    unknown.insert(r.variant.clone());
-                }
+            r.contract = report::peers::contract_of(r);
+            if r.contract.is_empty() {
+                unknown.insert(r.variant.clone());
             }
         }
         dir.finish(|_| ())?;

@@ -79,13 +79,7 @@ pub fn run(args: &RunArgs) -> Result<u8> {
         ));
     }
     let mut lost: Option<String> = None;
-    let bname = backend.info().backend.clone();
-    let pre = |case: &crate::case::Case| {
-        budget
-            .too_big
-            .get(&case.key())
-            .map(|why| runner::skipped_row(case, &bname, &case_opts, why))
-    };
+    let pre = |case: &crate::case::Case| budget.too_big.get(&case.key()).cloned();
     let depth = if args.no_pipeline {
         runner::Depth::Sequential
     } else {

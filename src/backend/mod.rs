@@ -160,6 +160,14 @@ pub struct RunOutput {
     pub phases: Vec<(&'static str, f64)>,
 }
 
+/// Adds `secs` to phase `name` of a phase list (see [`RunOutput::phases`]).
+pub fn add_phase(phases: &mut Vec<(&'static str, f64)>, name: &'static str, secs: f64) {
+    match phases.iter_mut().find(|(n, _)| *n == name) {
+        Some((_, s)) => *s += secs,
+        None => phases.push((name, secs)),
+    }
+}
+
 #[derive(Debug, Error)]
 pub enum BackendError {
     /// The backend cannot run this (variant not built, feature off): a skip.

@@ -44,8 +44,8 @@ impl Group {
 }
 
 /// The contract of a row; rows made before rows named it get their
-/// built-in variant's.
-fn contract_of(r: &Row) -> String {
+/// variant's from the registry (empty for a variant it does not hold).
+pub fn contract_of(r: &Row) -> String {
     if !r.contract.is_empty() {
         return r.contract.clone();
     }

@@ -212,15 +212,7 @@ pub fn run_case(
     workers: &mut WorkerPool,
     opts: &CaseOptions,
 ) -> CaseOutcome {
-    let inputs = if needs_inputs(case) {
-        caches.get(case, opts.check_rows, None)
-    } else {
-        Err("not needed".into())
-    };
-    match execute(case, inputs, None, backend, workers, opts) {
-        Stage::Done(o) => *o,
-        Stage::Ran(r) => finish(case, *r, backend.info(), opts),
-    }
+    pipeline::run_case_timed(case, caches, backend, workers, opts, &mut StageTimes::default())
 }
 
 /// The case's plan from its inputs (the merges plan from the reference,

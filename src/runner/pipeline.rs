@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use super::{execute, finish, needs_inputs, plan_case, Caches, CaseOptions, CaseOutcome, Inputs, Stage};
+use super::{execute, finish, needs_inputs, plan_case, skipped_row, Caches, CaseOptions, CaseOutcome, Inputs, Stage};
 use crate::variants::{self, Plan, PlanError};
 
 /// A case's inputs and its plan, built ahead of the device.
@@ -22,7 +22,6 @@ type Prepared = (Result<Inputs, String>, Option<Result<Plan, PlanError>>);
 use crate::backend::worker::WorkerPool;
 use crate::backend::Backend;
 use crate::case::Case;
-use crate::result::Row;
 
 /// How far the stages may run apart.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,10 +78,7 @@ impl StageTimes {
     fn add_phases(&mut self, stage: &Stage) {
         let Stage::Ran(r) = stage else { return };
         for &(name, s) in &r.out.phases {
-            match self.device_phases.iter_mut().find(|(n, _)| *n == name) {
-                Some((_, t)) => *t += s,
-                None => self.device_phases.push((name, s)),
-            }
+            crate::backend::add_phase(&mut self.device_phases, name, s);
         }
     }
 }
@@ -118,13 +114,13 @@ impl std::fmt::Display for StageTimes {
 pub type Sink<'s> = dyn FnMut(&Case, CaseOutcome) -> anyhow::Result<bool> + Send + 's;
 
 /// Runs every case and hands each outcome to `sink` in case order. `pre`
-/// gives a case's final row without running it (too big for the machine).
+/// gives why a case is skipped without running (too big for the machine).
 /// The sink returns whether to go on (false: stop after this row, e.g. the
 /// device is lost). Returns where the time went.
 #[allow(clippy::too_many_arguments)]
 pub fn run_all(
     cases: &[Case],
-    pre: &(dyn Fn(&Case) -> Option<Row> + Sync),
+    pre: &(dyn Fn(&Case) -> Option<String> + Sync),
     backend: &mut dyn Backend,
     workers: &mut WorkerPool,
     opts: &CaseOptions,
@@ -165,21 +161,20 @@ pub fn run_all(
                         break;
                     }
                     let t = Instant::now();
+                    let decision = variants::decide(c);
                     let mut prepare = || {
                         let inputs = caches.get(c, opts.check_rows, Some(stop));
                         let plan = inputs.as_ref().ok().map(|i| {
-                            catch_unwind(AssertUnwindSafe(|| plan_case(c, &variants::decide(c), i))).unwrap_or_else(
-                                |p| {
-                                    Err(variants::PlanError::new(
-                                        &c.id,
-                                        format!("panic while planning: {}", super::panic_text(&p)),
-                                    ))
-                                },
-                            )
+                            catch_unwind(AssertUnwindSafe(|| plan_case(c, &decision, i))).unwrap_or_else(|p| {
+                                Err(variants::PlanError::new(
+                                    &c.id,
+                                    format!("panic while planning: {}", super::panic_text(&p)),
+                                ))
+                            })
                         });
                         (inputs, plan)
                     };
-                    let item = (pre(c).is_none() && needs_inputs(c)).then(|| match pool {
+                    let item = (pre(c).is_none() && decision.skip.is_none()).then(|| match pool {
                         Some(p) => p.install(prepare),
                         None => prepare(),
                     });
@@ -234,7 +229,7 @@ pub fn run_all(
             on_start(c);
             let t = Instant::now();
             let stage = match pre(c) {
-                Some(row) => Stage::Done(Box::new(CaseOutcome::ended(row))),
+                Some(why) => Stage::Done(Box::new(CaseOutcome::ended(skipped_row(c, &info.backend, opts, &why)))),
                 None => {
                     let (inputs, plan) = item.unwrap_or_else(|| (Err("not needed".into()), None));
                     execute(c, inputs, plan, backend, workers, opts)
@@ -285,7 +280,7 @@ fn group_of(cases: &[Case]) -> Vec<usize> {
 
 fn sequential(
     cases: &[Case],
-    pre: &(dyn Fn(&Case) -> Option<Row> + Sync),
+    pre: &(dyn Fn(&Case) -> Option<String> + Sync),
     backend: &mut dyn Backend,
     workers: &mut WorkerPool,
     opts: &CaseOptions,
@@ -294,31 +289,11 @@ fn sequential(
 ) -> anyhow::Result<StageTimes> {
     let mut caches = Caches::default();
     let mut times = StageTimes::default();
-    let info = backend.info().clone();
     for c in cases {
         on_start(c);
         let out = match pre(c) {
-            Some(row) => CaseOutcome::ended(row),
-            None => {
-                let t = Instant::now();
-                let inputs = if needs_inputs(c) {
-                    caches.get(c, opts.check_rows, None)
-                } else {
-                    Err("not needed".into())
-                };
-                times.inputs += t.elapsed().as_secs_f64();
-                let t = Instant::now();
-                let stage = execute(c, inputs, None, backend, workers, opts);
-                times.device += t.elapsed().as_secs_f64();
-                times.add_phases(&stage);
-                let t = Instant::now();
-                let o = match stage {
-                    Stage::Done(o) => *o,
-                    Stage::Ran(r) => finish(c, *r, &info, opts),
-                };
-                times.checks += t.elapsed().as_secs_f64();
-                o
-            }
+            Some(why) => CaseOutcome::ended(skipped_row(c, &backend.info().backend, opts, &why)),
+            None => run_case_timed(c, &mut caches, backend, workers, opts, &mut times),
         };
         let t = Instant::now();
         let go = sink(c, out)?;
@@ -330,6 +305,35 @@ fn sequential(
     times.ref_flops = caches.ref_flops;
     times.ref_secs = caches.ref_secs;
     Ok(times)
+}
+
+/// One case end to end on this thread, its stages' times added to `times`.
+pub(super) fn run_case_timed(
+    c: &Case,
+    caches: &mut Caches,
+    backend: &mut dyn Backend,
+    workers: &mut WorkerPool,
+    opts: &CaseOptions,
+    times: &mut StageTimes,
+) -> CaseOutcome {
+    let t = Instant::now();
+    let inputs = if needs_inputs(c) {
+        caches.get(c, opts.check_rows, None)
+    } else {
+        Err("not needed".into())
+    };
+    times.inputs += t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let stage = execute(c, inputs, None, backend, workers, opts);
+    times.device += t.elapsed().as_secs_f64();
+    times.add_phases(&stage);
+    let t = Instant::now();
+    let o = match stage {
+        Stage::Done(o) => *o,
+        Stage::Ran(r) => finish(c, *r, backend.info(), opts),
+    };
+    times.checks += t.elapsed().as_secs_f64();
+    o
 }
 
 #[cfg(test)]

@@ -37,11 +37,7 @@ struct Loaded {
 
 /// Adds the time since `t` to the output's phase `name`.
 fn phase(out: &mut RunOutput, name: &'static str, t: Instant) {
-    let dt = t.elapsed().as_secs_f64();
-    match out.phases.iter_mut().find(|(n, _)| *n == name) {
-        Some((_, s)) => *s += dt,
-        None => out.phases.push((name, dt)),
-    }
+    crate::backend::add_phase(&mut out.phases, name, t.elapsed().as_secs_f64());
 }
 
 impl CudaBackend {
