@@ -330,6 +330,11 @@ pub struct Execution {
     /// the target says `noise-capped` and the noise it reached.
     #[arg(long, alias = "max-time", default_value_t = 1000.0, value_name = "MS")]
     pub max_time_ms: f64,
+    /// How samples are queued: auto (in batches, back to back; one at a
+    /// time under 20 us, where back to back runs slower), batched, or serial
+    /// (each read before the next is queued, as earlier versions did).
+    #[arg(long, default_value = "auto", value_parser = samplings())]
+    pub sampling: String,
     /// Checked launches per case; every one is checked, and a variant that is
     /// deterministic must give the same bits each time (a race shows up even
     /// when it stays within tolerance) [default: 2 on a GPU, 1 on the CPU].
@@ -352,6 +357,11 @@ fn ps1_schedules() -> PossibleValuesParser {
         PossibleValue::new("balanced")
             .help("Whole tile pairs, the smallest per-CTA load a fill in sequence order meets"),
     ])
+}
+
+/// `--sampling`'s values; the names parse into `backend::Sampling`.
+fn samplings() -> PossibleValuesParser {
+    PossibleValuesParser::new(["auto", "batched", "serial"])
 }
 
 /// `--handoff`'s values; the names parse into `backend::Handoff`.

@@ -5,6 +5,18 @@ use mlabench::app;
 use mlabench::cli::{Cli, Command};
 use mlabench::error::{exit, InputError};
 
+/// A run allocates and frees gigabytes per case (workloads, references,
+/// downloads). glibc maps each large block fresh and unmaps it on free, so
+/// every case pays the kernel's page faults and zeroing again, and the
+/// unmaps stall the other stages' faults. mimalloc, told never to purge
+/// (see `main`), hands freed memory to the next case instead.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// mimalloc's option index for the purge delay in mimalloc.h (v3), which
+/// the crate does not export; Cargo.toml pins the version it was read from.
+const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+
 fn run() -> anyhow::Result<u8> {
     let cli = Cli::parse();
     match &cli.cmd {
@@ -22,6 +34,12 @@ fn run() -> anyhow::Result<u8> {
 }
 
 fn main() -> ExitCode {
+    // SAFETY: sets a plain allocator option (no pointers); -1 means freed
+    // memory stays mapped for reuse. The peak stays bounded by the
+    // pipeline's memory budget.
+    unsafe {
+        libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1);
+    }
     // `mlabench plan ... | head` should end quietly, not panic on a closed pipe.
     #[cfg(unix)]
     // SAFETY: restores the default SIGPIPE action before any other thread

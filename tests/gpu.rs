@@ -40,7 +40,7 @@ mod smoke {
     use std::time::Instant;
 
     use mlabench::backend::cuda::{probe, CudaBackend, LaunchConfig, OpenOptions};
-    use mlabench::backend::{BackendError, TimingOptions};
+    use mlabench::backend::{BackendError, Sampling, TimingOptions};
 
     struct Check {
         name: &'static str,
@@ -224,6 +224,7 @@ mod smoke {
             max_time_ms: 10_000.0,
             cold_l2: false,
             graph: false,
+            sampling: Sampling::Auto,
         };
         let mut med = [0.0; 3];
         let mut n = [0; 3];
@@ -328,6 +329,7 @@ mod smoke {
             max_time_ms: 5_000.0,
             cold_l2: true,
             graph: false,
+            sampling: Sampling::Auto,
         };
         let t0 = std::time::Instant::now();
         let r = be.time_region(&opts, || Ok(()), &mut launch)?;

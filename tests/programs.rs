@@ -24,7 +24,7 @@ fn smoke_programs_validate_and_launch_only_checked_kernels() {
             continue;
         }
         let unit = case.variant.unit();
-        let inputs = caches.get(case, Some(2), None).unwrap();
+        let inputs = caches.get(case, Some(2)).unwrap();
         let (wl, refs) = (&*inputs.workload, &*inputs.refs);
         let plan = unit
             .plan(case, &d, Some(PlanData { workload: wl, refs }))

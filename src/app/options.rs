@@ -117,6 +117,7 @@ impl RunOptions {
                 max_time_ms: e.max_time_ms,
                 cold_l2,
                 graph: e.graph,
+                sampling: e.sampling.parse().map_err(InputError::Usage)?,
             },
             handoff: e.handoff.parse().map_err(InputError::Usage)?,
             ps1_schedule: Ps1Schedule::default(),

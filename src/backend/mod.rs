@@ -63,6 +63,44 @@ pub struct TimingOptions {
     pub cold_l2: bool,
     /// Time replays of a captured CUDA graph.
     pub graph: bool,
+    /// Whether samples are queued in batches or one at a time.
+    pub sampling: Sampling,
+}
+
+/// How a timer queues its samples. Batched samples run back to back on the
+/// GPU; one at a time, the GPU idles while the host reads each sample.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Sampling {
+    /// Batched, and one at a time for regions under
+    /// `cuda::timing::SHORT_SAMPLE_MS` (they run slower back to back).
+    #[default]
+    Auto,
+    Batched,
+    /// Each sample read before the next is queued (earlier versions).
+    Serial,
+}
+
+impl Sampling {
+    pub fn name(self) -> &'static str {
+        match self {
+            Sampling::Auto => "auto",
+            Sampling::Batched => "batched",
+            Sampling::Serial => "serial",
+        }
+    }
+}
+
+impl std::str::FromStr for Sampling {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Sampling::Auto),
+            "batched" => Ok(Sampling::Batched),
+            "serial" => Ok(Sampling::Serial),
+            _ => Err(format!("--sampling {s}: give auto, batched or serial")),
+        }
+    }
 }
 
 impl Default for TimingOptions {
@@ -76,6 +114,7 @@ impl Default for TimingOptions {
             max_time_ms: DEFAULT_MAX_TIME_MS,
             cold_l2: true,
             graph: false,
+            sampling: Sampling::Auto,
         }
     }
 }

@@ -445,6 +445,7 @@ impl WorkerPool {
                     "cold_l2": t.cold_l2,
                     "l2_flush_bytes": if hello.l2_bytes > 0 { 2 * hello.l2_bytes } else { 256 << 20 },
                     "graph": t.graph,
+                    "sampling": t.sampling.name(),
                 });
                 let timeout = d.timeout_s.max((t.min_time_ms + t.max_time_ms) / 1e3 * 4.0 + 10.0);
                 let reply = w.request(&req, timeout).map_err(|f| with_tail(f, w))?;

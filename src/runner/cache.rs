@@ -3,9 +3,7 @@
 //! and by the pipeline's stages (hence `Arc`).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use crate::case::{Case, CaseParams};
 use crate::reference::{self, RefSet};
@@ -32,11 +30,12 @@ pub struct Caches {
 impl Caches {
     /// The case's inputs, built once per id / data id. A panic while
     /// building becomes an error. Re-paging the same data for another page
-    /// size changes the workload in place, once no earlier case still holds
-    /// it: with `wait`, it waits for them (the pipeline's later stages let
-    /// go as they finish) unless `wait` turns true; without, it builds anew.
-    pub fn get(&mut self, case: &Case, check_rows: Option<usize>, wait: Option<&AtomicBool>) -> Result<Inputs, String> {
-        match catch_unwind(AssertUnwindSafe(|| self.build(case, check_rows, wait))) {
+    /// size changes the workload in place when no earlier case still holds
+    /// it, and re-pages a copy when one does (in the pipeline, the device
+    /// or the checks): waiting for them would put the earlier case's run
+    /// and checks on the path to the next case's inputs.
+    pub fn get(&mut self, case: &Case, check_rows: Option<usize>) -> Result<Inputs, String> {
+        match catch_unwind(AssertUnwindSafe(|| self.build(case, check_rows))) {
             Ok(Ok(i)) => Ok(i),
             Ok(Err(e)) => {
                 self.workload = None;
@@ -54,23 +53,16 @@ impl Caches {
         }
     }
 
-    fn build(&mut self, case: &Case, check_rows: Option<usize>, wait: Option<&AtomicBool>) -> anyhow::Result<Inputs> {
+    fn build(&mut self, case: &Case, check_rows: Option<usize>) -> anyhow::Result<Inputs> {
         let same_data = self.refs.as_ref().is_some_and(|r| r.data_id == case.data_id);
         match (&mut self.workload, &case.params) {
             (Some((id, _)), _) if *id == case.id => {}
             // Same data at another page size: re-page, keep Q, KV and references.
             (Some((id, arc)), CaseParams::Mla(p)) if same_data && matches!(**arc, Workload::Mla(_)) => {
-                if let Some(stop) = wait {
-                    while Arc::strong_count(arc) > 1 {
-                        if stop.load(Ordering::Relaxed) {
-                            anyhow::bail!("the run stopped");
-                        }
-                        std::thread::sleep(Duration::from_micros(200));
-                    }
-                }
-                match Arc::get_mut(arc) {
-                    Some(Workload::Mla(w)) => w.repage(p.page_size, case.seed),
-                    _ => *arc = Arc::new(workload::build(case)?),
+                if let Some(Workload::Mla(w)) = Arc::get_mut(arc) {
+                    w.repage(p.page_size, case.seed);
+                } else if let Workload::Mla(w) = &**arc {
+                    *arc = Arc::new(Workload::Mla(w.repaged(p.page_size, case.seed)));
                 }
                 *id = case.id.clone();
             }

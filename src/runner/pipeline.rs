@@ -1,16 +1,20 @@
-//! Runs a run's cases as a pipeline: while the device runs case k, one
-//! thread builds case k+1's workload and f64 reference and another checks
-//! case k-1's outputs and writes its row. Rows still reach the sink in case
-//! order, one at a time, so a crash loses nothing the sink already wrote.
+//! Runs a run's cases as a pipeline: while the device runs case k, builder
+//! threads make the workloads and f64 references of the next cases and
+//! checker threads check the cases before it. Rows still reach the sink in
+//! case order, one at a time, so a crash loses nothing the sink already
+//! wrote.
 //!
 //! The device stays on the calling thread (a CUDA context and the worker
 //! pipes belong to it). Memory is bounded by the channels: `ahead`
 //! builders each hold one prepared case (of the next data ids, built side
-//! by side), and one ran case waits for its checks.
+//! by side), and at most `checkers` ran cases are being checked or wait
+//! to be written.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::sync_channel;
-use std::time::Instant;
+use std::sync::mpsc::{sync_channel, RecvTimeoutError};
+use std::thread::ScopedJoinHandle;
+use std::time::{Duration, Instant};
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -28,25 +32,39 @@ use crate::case::Case;
 pub enum Depth {
     /// One case at a time, on one thread (memory for one case only).
     Sequential,
-    /// Cases prepared ahead of the device (at least 1), and the threads the
-    /// reference may use.
-    Overlap { ahead: usize, ref_threads: usize },
+    /// Cases prepared ahead of the device (at least 1), ran cases checked
+    /// side by side (at least 1), and the threads the reference may use.
+    Overlap {
+        ahead: usize,
+        checkers: usize,
+        ref_threads: usize,
+    },
 }
 
 impl Depth {
     /// From how many cases fit in host memory at once and the cores: the
-    /// pipeline holds up to `ahead + 2` cases' inputs (prepared, on the
-    /// device, being checked). The reference leaves a core to the device
-    /// thread and the checks when there is one to leave.
+    /// pipeline holds up to `ahead + 1 + checkers` cases' inputs (prepared,
+    /// on the device, being checked). A builder per four cores, two to
+    /// four: the builders share one pool, and more of them overlap the
+    /// parts of a build that run on one thread. As many checkers, one to
+    /// four: a case's checks run on one thread, and a GPU turns cases
+    /// around faster than one thread checks wide DCP outputs. The
+    /// reference leaves a core to the device thread and the checks when
+    /// there is one to leave.
     pub fn for_machine(cases_that_fit: u64, cores: usize, device_is_cpu: bool) -> Depth {
         if cases_that_fit < 3 || cores < 2 {
             return Depth::Sequential;
         }
-        let ahead = (cases_that_fit - 2).min(2) as usize;
+        let ahead = (cases_that_fit - 2).min((cores / 4).clamp(2, 4) as u64) as usize;
+        let checkers = (cases_that_fit - 1 - ahead as u64).clamp(1, (cores / 4).clamp(1, 4) as u64) as usize;
         // The CPU backend's emulation is itself parallel: the stages share
         // every core. A GPU's thread mostly waits, the checks are light.
         let ref_threads = if device_is_cpu || cores <= 2 { cores } else { cores - 1 };
-        Depth::Overlap { ahead, ref_threads }
+        Depth::Overlap {
+            ahead,
+            checkers,
+            ref_threads,
+        }
     }
 }
 
@@ -128,7 +146,12 @@ pub fn run_all(
     on_start: &(dyn Fn(&Case) + Sync),
     sink: &mut Sink<'_>,
 ) -> anyhow::Result<StageTimes> {
-    let Depth::Overlap { ahead, ref_threads } = depth else {
+    let Depth::Overlap {
+        ahead,
+        checkers,
+        ref_threads,
+    } = depth
+    else {
         return sequential(cases, pre, backend, workers, opts, on_start, sink);
     };
     let stop = AtomicBool::new(false);
@@ -163,7 +186,7 @@ pub fn run_all(
                     let t = Instant::now();
                     let decision = variants::decide(c);
                     let mut prepare = || {
-                        let inputs = caches.get(c, opts.check_rows, Some(stop));
+                        let inputs = caches.get(c, opts.check_rows);
                         let plan = inputs.as_ref().ok().map(|i| {
                             catch_unwind(AssertUnwindSafe(|| plan_case(c, &decision, i))).unwrap_or_else(|p| {
                                 Err(variants::PlanError::new(
@@ -189,29 +212,67 @@ pub fn run_all(
         // Ran cases, in order, to be checked and written.
         let (ctx, crx) = sync_channel::<(usize, Stage)>(0);
         let info = &info;
+        // Up to `checkers` cases are checked at once, each on a thread of
+        // its own, and written in order as soon as each is done: a finished
+        // case must let go of its inputs, which a builder may be waiting
+        // for (re-paging waits for the workload to be free).
         let check = s.spawn(move || -> anyhow::Result<f64> {
-            let mut busy = 0.0;
-            for (k, stage) in crx {
-                let t = Instant::now();
-                let out = match stage {
-                    Stage::Done(o) => *o,
-                    Stage::Ran(r) => finish(&cases[k], *r, info, opts),
-                };
-                let go = sink(&cases[k], out);
-                busy += t.elapsed().as_secs_f64();
-                match go {
-                    Ok(true) => {}
-                    Ok(false) => {
-                        stop.store(true, Ordering::Relaxed);
-                        break;
+            std::thread::scope(|cs| {
+                let mut busy = 0.0;
+                let mut flight: VecDeque<(usize, ScopedJoinHandle<'_, (CaseOutcome, f64)>)> =
+                    VecDeque::with_capacity(checkers);
+                let mut open = true;
+                while open || !flight.is_empty() {
+                    // Write the oldest while it is done, or must be (all busy, or no more coming).
+                    while let Some((_, h)) = flight.front() {
+                        if !(h.is_finished() || flight.len() >= checkers || !open) {
+                            break;
+                        }
+                        let (k, h) = flight.pop_front().expect("one in flight");
+                        let (out, secs) = h.join().map_err(|p| {
+                            anyhow::anyhow!("the checks of {} panicked: {}", cases[k].key(), super::panic_text(&p))
+                        })?;
+                        let t = Instant::now();
+                        let go = sink(&cases[k], out);
+                        busy += secs + t.elapsed().as_secs_f64();
+                        match go {
+                            Ok(true) => {}
+                            Ok(false) => {
+                                stop.store(true, Ordering::Relaxed);
+                                return Ok(busy);
+                            }
+                            Err(e) => {
+                                stop.store(true, Ordering::Relaxed);
+                                return Err(e);
+                            }
+                        }
                     }
-                    Err(e) => {
-                        stop.store(true, Ordering::Relaxed);
-                        return Err(e);
+                    if !open {
+                        continue;
+                    }
+                    let got = if flight.is_empty() {
+                        crx.recv().map_err(|_| RecvTimeoutError::Disconnected)
+                    } else {
+                        crx.recv_timeout(Duration::from_millis(1))
+                    };
+                    match got {
+                        Ok((k, stage)) => {
+                            let h = cs.spawn(move || {
+                                let t = Instant::now();
+                                let out = match stage {
+                                    Stage::Done(o) => *o,
+                                    Stage::Ran(r) => finish(&cases[k], *r, info, opts),
+                                };
+                                (out, t.elapsed().as_secs_f64())
+                            });
+                            flight.push_back((k, h));
+                        }
+                        Err(RecvTimeoutError::Timeout) => {}
+                        Err(RecvTimeoutError::Disconnected) => open = false,
                     }
                 }
-            }
-            Ok(busy)
+                Ok(busy)
+            })
         });
         let mut times = StageTimes {
             pipelined: true,
@@ -318,7 +379,7 @@ pub(super) fn run_case_timed(
 ) -> CaseOutcome {
     let t = Instant::now();
     let inputs = if needs_inputs(c) {
-        caches.get(c, opts.check_rows, None)
+        caches.get(c, opts.check_rows)
     } else {
         Err("not needed".into())
     };
@@ -344,26 +405,15 @@ mod tests {
     fn depth_follows_memory_and_cores() {
         assert_eq!(Depth::for_machine(2, 16, false), Depth::Sequential);
         assert_eq!(Depth::for_machine(100, 1, true), Depth::Sequential);
-        assert_eq!(
-            Depth::for_machine(3, 16, false),
-            Depth::Overlap {
-                ahead: 1,
-                ref_threads: 15
-            }
-        );
-        assert_eq!(
-            Depth::for_machine(u64::MAX, 16, true),
-            Depth::Overlap {
-                ahead: 2,
-                ref_threads: 16
-            }
-        );
-        assert_eq!(
-            Depth::for_machine(50, 2, false),
-            Depth::Overlap {
-                ahead: 2,
-                ref_threads: 2
-            }
-        );
+        let overlap = |ahead, checkers, ref_threads| Depth::Overlap {
+            ahead,
+            checkers,
+            ref_threads,
+        };
+        assert_eq!(Depth::for_machine(3, 16, false), overlap(1, 1, 15));
+        assert_eq!(Depth::for_machine(u64::MAX, 16, true), overlap(4, 4, 16));
+        // Memory first: 5 cases fit, 3 builders, the device's, one checker.
+        assert_eq!(Depth::for_machine(5, 64, false), overlap(3, 1, 63));
+        assert_eq!(Depth::for_machine(50, 2, false), overlap(2, 1, 2));
     }
 }

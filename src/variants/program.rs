@@ -10,6 +10,8 @@ use std::borrow::Cow;
 
 use super::heads::PaddedHeads;
 use super::KernelSpec;
+use crate::metrics::{POISON_BF16, POISON_BITS};
+use crate::workload::codec::bf16_from_bits;
 
 /// A buffer of a [`Program`], by its position in `buffers`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -116,6 +118,82 @@ pub struct Output {
 pub struct Scatter {
     pub ids: Vec<usize>,
     pub rows: usize,
+}
+
+impl Output {
+    /// The host tensor from the buffer's bytes, `[rows, heads.real, inner]`
+    /// in f32: bf16 widened (its poison reads as the f32 poison), padded
+    /// heads dropped, scattered rows put back, in one pass. Rows decode in
+    /// parallel: a sweep reads back tens of GB, and this runs on the
+    /// device's thread.
+    pub fn decode(&self, raw: &[u8]) -> Vec<f32> {
+        use rayon::prelude::*;
+        use std::mem::MaybeUninit;
+        let eb = match self.elem {
+            Elem::Bf16 => 2,
+            Elem::F32 => 4,
+        };
+        let row_len = self.heads.real * self.inner;
+        let src_row = self.heads.kernel * self.inner * eb;
+        assert!(
+            src_row > 0 && raw.len() % src_row == 0,
+            "output `{}`: {} bytes are not [rows, {}, {}] of {eb}-byte values",
+            self.name,
+            raw.len(),
+            self.heads.kernel,
+            self.inner
+        );
+        let held = raw.len() / src_row;
+        // The source row of each output row, if the device holds it.
+        let src: Vec<Option<usize>> = match &self.scatter {
+            None => (0..held).map(Some).collect(),
+            Some(s) => {
+                let mut at = vec![None; s.rows];
+                for (k, &i) in s.ids.iter().enumerate().take(held) {
+                    at[i] = Some(k);
+                }
+                at
+            }
+        };
+        let poison = f32::from_bits(POISON_BITS);
+        let mut out: Vec<f32> = Vec::with_capacity(src.len() * row_len);
+        if row_len == 0 {
+            return out;
+        }
+        let take = row_len * eb;
+        out.spare_capacity_mut()[..src.len() * row_len]
+            .par_chunks_mut(row_len)
+            .zip(src.par_iter())
+            .for_each(|(dst, s)| {
+                let Some(k) = *s else {
+                    dst.fill(MaybeUninit::new(poison));
+                    return;
+                };
+                let bytes = &raw[k * src_row..k * src_row + take];
+                match self.elem {
+                    Elem::Bf16 => {
+                        for (d, b) in dst.iter_mut().zip(bytes.chunks_exact(2)) {
+                            let bits = u16::from_le_bytes([b[0], b[1]]);
+                            d.write(if bits == POISON_BF16 {
+                                poison
+                            } else {
+                                bf16_from_bits(bits)
+                            });
+                        }
+                    }
+                    Elem::F32 => {
+                        for (d, b) in dst.iter_mut().zip(bytes.chunks_exact(4)) {
+                            d.write(f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+                        }
+                    }
+                }
+            });
+        // SAFETY: every chunk of the first `src.len() * row_len` slots was
+        // written above (a held row writes row_len values: `take` bytes are
+        // row_len values; an absent row is filled), and f32 has no drop.
+        unsafe { out.set_len(src.len() * row_len) };
+        out
+    }
 }
 
 /// A replay of the captured calls over new contents of some buffers (what a
@@ -226,5 +304,75 @@ impl<'a> Program<'a> {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    /// The plain three-pass path `decode` replaces: widen, strip, scatter.
+    fn naive(o: &Output, raw: &[u8]) -> Vec<f32> {
+        let data: Vec<f32> = match o.elem {
+            Elem::Bf16 => raw
+                .chunks_exact(2)
+                .map(|b| {
+                    let bits = u16::from_le_bytes([b[0], b[1]]);
+                    if bits == POISON_BF16 {
+                        f32::from_bits(POISON_BITS)
+                    } else {
+                        bf16_from_bits(bits)
+                    }
+                })
+                .collect(),
+            Elem::F32 => raw
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+        };
+        let data = o.heads.strip(&data, o.inner);
+        let row_len = o.heads.real * o.inner;
+        match &o.scatter {
+            None => data,
+            Some(s) => {
+                let mut full = vec![f32::from_bits(POISON_BITS); s.rows * row_len];
+                for (k, &i) in s.ids.iter().enumerate() {
+                    full[i * row_len..(i + 1) * row_len].copy_from_slice(&data[k * row_len..(k + 1) * row_len]);
+                }
+                full
+            }
+        }
+    }
+
+    #[test]
+    fn decode_equals_widen_strip_scatter_bit_for_bit() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+        for (elem, real, kernel, inner, scatter) in [
+            (Elem::Bf16, 16, 16, 512, None),
+            (Elem::Bf16, 8, 16, 512, None),
+            (Elem::F32, 2, 16, 1, None),
+            (Elem::Bf16, 3, 16, 8, Some(vec![4, 0, 2])),
+            (Elem::F32, 5, 5, 1, Some(vec![1, 6])),
+        ] {
+            let rows = scatter.as_ref().map_or(9, |s: &Vec<usize>| s.len());
+            let eb = if elem == Elem::Bf16 { 2 } else { 4 };
+            let mut raw: Vec<u8> = (0..rows * kernel * inner * eb).map(|_| rng.gen()).collect();
+            // Plant poison in the first value.
+            if elem == Elem::Bf16 {
+                raw[..2].copy_from_slice(&POISON_BF16.to_le_bytes());
+            }
+            let o = Output {
+                name: "o".into(),
+                buf: BufId(0),
+                elem,
+                heads: PaddedHeads { real, kernel },
+                inner,
+                scatter: scatter.map(|ids| Scatter { ids, rows: 7 }),
+            };
+            let (a, b) = (o.decode(&raw), naive(&o, &raw));
+            assert_eq!(a.len(), b.len());
+            assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
+        }
     }
 }

@@ -65,6 +65,34 @@ impl MlaWorkload {
             .map(|r| build_shard(&self.p, r, &self.kv, &self.g_kv_indptr, seed))
             .collect();
     }
+
+    /// [`MlaWorkload::repage`] into a copy, for when this one is still in
+    /// use: copying the tensors costs a fraction of drawing them again.
+    pub fn repaged(&self, page_size: usize, seed: u64) -> MlaWorkload {
+        use super::par_copy;
+        let mut p = self.p.clone();
+        p.page_size = page_size;
+        let shards = p
+            .dcp
+            .ranks()
+            .into_par_iter()
+            .map(|r| build_shard(&p, r, &self.kv, &self.g_kv_indptr, seed))
+            .collect();
+        MlaWorkload {
+            p,
+            q: self.q.par_clone(),
+            q_vals: par_copy(&self.q_vals),
+            q_src: self.q_src.as_deref().map(par_copy),
+            q_scale: self.q_scale,
+            kv_scale: self.kv_scale,
+            kv: self.kv.par_clone(),
+            kv_vals: par_copy(&self.kv_vals),
+            kv_src: self.kv_src.as_deref().map(par_copy),
+            g_kv_indptr: self.g_kv_indptr.clone(),
+            qo_indptr: self.qo_indptr.clone(),
+            shards,
+        }
+    }
     /// Decoded row of global token `t` of sequence `b`.
     pub fn kv_row(&self, b: usize, t: usize) -> &[f32] {
         let o = (self.g_kv_indptr[b] as usize + t) * MLA_D_QK;
@@ -135,7 +163,7 @@ pub fn build(p: &MlaParams, seed: u64) -> Result<MlaWorkload> {
     let h = p.heads();
     let total_q = p.total_q();
 
-    let mut q_src = vec![0f32; total_q * h * MLA_D_QK];
+    let mut q_src = super::par_filled(total_q * h * MLA_D_QK, 0f32);
     rng::par_fill_normal(&mut q_src, seed, "q", CHUNK, 1.0);
     let q = quantize(q_src, p.dtype);
 
@@ -144,7 +172,7 @@ pub fn build(p: &MlaParams, seed: u64) -> Result<MlaWorkload> {
         g_kv_indptr[b + 1] = g_kv_indptr[b] + p.ctx[b] as i32;
     }
     let total_kv = g_kv_indptr[p.batch] as usize;
-    let mut kv_src = vec![0f32; total_kv * MLA_D_QK];
+    let mut kv_src = super::par_filled(total_kv * MLA_D_QK, 0f32);
     rng::par_fill_normal(&mut kv_src, seed, "kv", CHUNK, 1.0);
     let kv = quantize(kv_src, p.dtype);
 
@@ -198,33 +226,62 @@ fn build_shard(p: &MlaParams, r: usize, kv: &Elems, g_kv_indptr: &[i32], seed: u
     }
     let kv_indices: Vec<i32> = perm[..used].to_vec();
 
+    // Each pool page's sequence and page index in it (None: slack).
+    let mut owner: Vec<Option<(usize, usize)>> = vec![None; num_pages];
+    for b in 0..p.batch {
+        for (k, &page) in kv_indices[kv_indptr[b] as usize..kv_indptr[b + 1] as usize]
+            .iter()
+            .enumerate()
+        {
+            owner[page as usize] = Some((b, k));
+        }
+    }
     let slots = num_pages * ps * MLA_D_QK;
-    let mut shard = MlaShard {
+    let pool = match kv {
+        Elems::Bf16(sv) => Elems::Bf16(fill_pool(sv, BF16_NAN, slots, &owner, p, r, g_kv_indptr, &local_lens)),
+        Elems::Fp8(sv) => Elems::Fp8(fill_pool(sv, E4M3_NAN, slots, &owner, p, r, g_kv_indptr, &local_lens)),
+    };
+    MlaShard {
         rank: r,
         local_lens,
-        pool: match kv {
-            Elems::Bf16(_) => Elems::Bf16(vec![BF16_NAN; slots]),
-            Elems::Fp8(_) => Elems::Fp8(vec![E4M3_NAN; slots]),
-        },
+        pool,
         num_pages,
         kv_indptr,
         kv_indices,
         kv_last_page_len,
-    };
-    let lens = shard.local_lens.clone();
-    for (b, (&n, &g0)) in lens.iter().zip(g_kv_indptr).enumerate() {
-        for j in 0..n {
-            let g = dcp.global_pos(j, r);
-            let src = (g0 as usize + g) * MLA_D_QK;
-            let dst = shard.slot(b, j, ps) * MLA_D_QK;
-            match (&mut shard.pool, kv) {
-                (Elems::Bf16(d), Elems::Bf16(sv)) => d[dst..dst + MLA_D_QK].copy_from_slice(&sv[src..src + MLA_D_QK]),
-                (Elems::Fp8(d), Elems::Fp8(sv)) => d[dst..dst + MLA_D_QK].copy_from_slice(&sv[src..src + MLA_D_QK]),
-                _ => unreachable!("pool and KV share a dtype"),
-            }
-        }
     }
-    shard
+}
+
+/// Rank `r`'s pool, page by page in parallel: each page takes its
+/// sequence's tokens from the global KV `kv`, NaN where no token is.
+#[allow(clippy::too_many_arguments)]
+fn fill_pool<T: Copy + Send + Sync>(
+    kv: &[T],
+    nan: T,
+    slots: usize,
+    owner: &[Option<(usize, usize)>],
+    p: &MlaParams,
+    r: usize,
+    g_kv_indptr: &[i32],
+    local_lens: &[usize],
+) -> Vec<T> {
+    let (dcp, ps) = (p.dcp, p.page_size);
+    let mut pool = super::par_filled(slots, nan);
+    pool.par_chunks_mut(ps * MLA_D_QK)
+        .zip(owner.par_iter())
+        .for_each(|(page, own)| {
+            let Some((b, k)) = *own else { return };
+            let g0 = g_kv_indptr[b] as usize;
+            for t in 0..ps {
+                let j = k * ps + t;
+                if j >= local_lens[b] {
+                    break;
+                }
+                let src = (g0 + dcp.global_pos(j, r)) * MLA_D_QK;
+                page[t * MLA_D_QK..(t + 1) * MLA_D_QK].copy_from_slice(&kv[src..src + MLA_D_QK]);
+            }
+        });
+    pool
 }
 
 #[cfg(test)]
@@ -331,17 +388,27 @@ mod tests {
         let p1 = params(Dtype::Fp8, 1, 4, 2);
         let mut p64 = p1.clone();
         p64.page_size = 64;
-        let mut w = build(&p1, 9).unwrap();
+        let w1 = build(&p1, 9).unwrap();
+        // A copy re-paged while the original is in use, then in place.
+        let copy = w1.repaged(64, 9);
+        let mut w = w1;
         w.repage(64, 9);
         let fresh = build(&p64, 9).unwrap();
-        for (a, b) in w.shards.iter().zip(&fresh.shards) {
-            assert_eq!(a.pool.as_bytes(), b.pool.as_bytes());
-            assert_eq!(
-                (&a.kv_indptr, &a.kv_indices, &a.kv_last_page_len),
-                (&b.kv_indptr, &b.kv_indices, &b.kv_last_page_len)
-            );
+        for got in [&w, &copy] {
+            assert_eq!(got.shards.len(), fresh.shards.len());
+            for (a, b) in got.shards.iter().zip(&fresh.shards) {
+                assert_eq!(a.pool.as_bytes(), b.pool.as_bytes());
+                assert_eq!(
+                    (&a.kv_indptr, &a.kv_indices, &a.kv_last_page_len),
+                    (&b.kv_indptr, &b.kv_indices, &b.kv_last_page_len)
+                );
+            }
+            assert_eq!(format!("{:?}", got.p), format!("{:?}", fresh.p));
+            assert_eq!(got.q.as_bytes(), fresh.q.as_bytes());
+            assert_eq!(got.kv.as_bytes(), fresh.kv.as_bytes());
+            assert_eq!((&got.kv_vals, &got.kv_src), (&fresh.kv_vals, &fresh.kv_src));
+            assert_eq!((&got.q_vals, &got.q_src), (&fresh.q_vals, &fresh.q_src));
         }
-        assert_eq!(w.p.page_size, 64);
     }
 
     #[test]

@@ -42,12 +42,37 @@ impl Elems {
             Elems::Fp8(v) => v,
         }
     }
+    /// A copy, made in parallel.
+    pub fn par_clone(&self) -> Elems {
+        match self {
+            Elems::Bf16(v) => Elems::Bf16(par_copy(v)),
+            Elems::Fp8(v) => Elems::Fp8(par_copy(v)),
+        }
+    }
     pub fn elem_bytes(&self) -> usize {
         match self {
             Elems::Bf16(_) => 2,
             Elems::Fp8(_) => 1,
         }
     }
+}
+
+/// `n` copies of `v`, written in parallel: the first write of a large
+/// buffer takes its page faults, and one thread doing that for gigabytes
+/// holds up the stages waiting on the inputs.
+pub fn par_filled<T: Copy + Send + Sync>(n: usize, v: T) -> Vec<T> {
+    use rayon::prelude::*;
+    let mut out = Vec::with_capacity(n);
+    out.par_extend(rayon::iter::repeat_n(v, n));
+    out
+}
+
+/// A copy of `v`, made in parallel (see [`par_filled`]).
+pub fn par_copy<T: Copy + Send + Sync>(v: &[T]) -> Vec<T> {
+    use rayon::prelude::*;
+    let mut out = Vec::with_capacity(v.len());
+    out.par_extend(v.par_iter().copied());
+    out
 }
 
 /// A generated workload of either family.

@@ -243,6 +243,7 @@ pub fn launch_overhead(dev: &CudaDevice, probe: &Probe, timer: &Timer) -> Result
         max_time_ms: f64::INFINITY,
         cold_l2: false,
         graph: false,
+        sampling: crate::backend::Sampling::Auto,
     };
     let aids = Aids {
         flush: None,

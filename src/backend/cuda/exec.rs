@@ -11,9 +11,8 @@ use std::time::Instant;
 use super::{CudaBackend, DeviceBuffer, Kernel, LoadedModule, RawArg};
 use crate::backend::{BackendError, Exec, Handoff, RunOutput, Samples};
 use crate::metrics::{POISON_BF16, POISON_BITS};
-use crate::variants::program::{Arg, BufId, Elem, Fill, Init, Output, Program, Smem};
+use crate::variants::program::{Arg, BufId, Fill, Init, Output, Program, Smem};
 use crate::variants::{DeviceCheck, OutTensor};
-use crate::workload::codec::bf16_from_bits;
 
 type R<T> = Result<T, BackendError>;
 
@@ -236,40 +235,10 @@ impl CudaBackend {
     fn output(&self, prog: &Program, l: &Loaded, o: &Output, suffix: &str) -> R<OutTensor> {
         let bytes = prog.buffers[o.buf.0].bytes;
         let raw: Vec<u8> = self.dev.download(&l.bufs[o.buf.0].slice(0..bytes))?;
-        let data: Vec<f32> = match o.elem {
-            // bf16 poison reads back as the f32 poison (metrics::POISON_BITS).
-            Elem::Bf16 => raw
-                .chunks_exact(2)
-                .map(|b| {
-                    let bits = u16::from_le_bytes([b[0], b[1]]);
-                    if bits == POISON_BF16 {
-                        f32::from_bits(POISON_BITS)
-                    } else {
-                        bf16_from_bits(bits)
-                    }
-                })
-                .collect(),
-            Elem::F32 => raw
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect(),
-        };
-        let data = o.heads.strip(&data, o.inner);
-        let row_len = o.heads.real * o.inner;
-        let data = match &o.scatter {
-            None => data,
-            Some(s) => {
-                let mut full = vec![f32::from_bits(POISON_BITS); s.rows * row_len];
-                for (k, &i) in s.ids.iter().enumerate() {
-                    full[i * row_len..(i + 1) * row_len].copy_from_slice(&data[k * row_len..(k + 1) * row_len]);
-                }
-                full
-            }
-        };
         Ok(OutTensor {
             name: format!("{}{suffix}", o.name),
-            row_len,
-            data,
+            row_len: o.heads.real * o.inner,
+            data: o.decode(&raw),
         })
     }
 }

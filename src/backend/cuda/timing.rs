@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use cudarc::driver::LaunchConfig;
 
 use super::device::{CudaDevice, DeviceBuffer, Kernel};
-use crate::backend::{BackendError, TimingOptions};
+use crate::backend::{BackendError, Sampling, TimingOptions};
 use cudarc::driver::CudaEvent;
 
 /// Reads a scratch buffer of twice the L2 between samples (outside the timed
@@ -224,7 +224,7 @@ impl Timer {
         // batch shows one, sampling starts over one sample at a time, each
         // read before the next is queued, as mlabench always did.
         let mut events: Vec<(CudaEvent, CudaEvent)> = Vec::new();
-        let mut one_by_one = false;
+        let mut one_by_one = opts.sampling == Sampling::Serial;
         while self.more(opts, &ms, &measured, t0) {
             let n = ms[0].len();
             let batch = if one_by_one { 1 } else { batch_size(n, opts.min_samples) };
@@ -249,7 +249,11 @@ impl Timer {
                     ms[r].push(t / per_sample as f64);
                 }
             }
-            if !one_by_one && !opts.graph && ms.iter().any(|v| median(v) < SHORT_SAMPLE_MS) {
+            if opts.sampling == Sampling::Auto
+                && !one_by_one
+                && !opts.graph
+                && ms.iter().any(|v| median(v) < SHORT_SAMPLE_MS)
+            {
                 one_by_one = true;
                 ms.iter_mut().for_each(Vec::clear);
                 measured.iter_mut().for_each(|m| *m = 0.0);
