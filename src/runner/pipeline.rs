@@ -213,9 +213,9 @@ pub fn run_all(
         let (ctx, crx) = sync_channel::<(usize, Stage)>(0);
         let info = &info;
         // Up to `checkers` cases are checked at once, each on a thread of
-        // its own, and written in order as soon as each is done: a finished
-        // case must let go of its inputs, which a builder may be waiting
-        // for (re-paging waits for the workload to be free).
+        // its own, and written in order as soon as each is done, so a
+        // finished case neither holds its inputs nor keeps its row unwritten
+        // while the device is busy.
         let check = s.spawn(move || -> anyhow::Result<f64> {
             std::thread::scope(|cs| {
                 let mut busy = 0.0;
