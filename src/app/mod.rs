@@ -6,7 +6,7 @@ mod compare;
 mod device;
 mod kernels;
 mod list;
-mod memory;
+pub mod memory;
 mod options;
 mod plan;
 mod report;
