@@ -69,8 +69,7 @@ pub struct TimingOptions {
 
 /// How a timer queues its samples. Batched samples run back to back on the
 /// GPU; one at a time, the GPU idles while the host reads each sample.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Sampling {
     /// Batched, and one at a time for regions under
     /// `cuda::timing::SHORT_SAMPLE_MS` (they run slower back to back).
