@@ -2,8 +2,8 @@
 // mask on local positions; grid over (head group of 16, split, sequence);
 // f32 partials + page64_merge when n_splits > 1.
 // ABI: kernels/ABI.md. Defines: HK, KV_FP8, MT, WARPS, GROUPS, BN, STAGES, QSMEM (common/mla_core.cuh).
-#include "common/merge.cuh"
 #include "common/mla_core.cuh"
+#include "common/page64_merge.cuh"
 #include "common/pdl.cuh"
 
 using namespace mla;
@@ -46,18 +46,4 @@ extern "C" __global__ void __launch_bounds__(mla::THREADS, 1)
     attend<64>(smem, ps, q, kv, kv_indices + p0, scale_log2, out_scale, to_part, o, part_o,
                to_part ? part_lse : lse);
   }
-}
-
-// Stage 2: row i merges its n_splits slots of part_o [rows, n_splits, HK, 512].
-// grid (rows, HK), block 128; may be launched as a programmatic dependent of
-// page64_fwd (common/pdl.cuh).
-extern "C" __global__ void __launch_bounds__(128)
-    page64_merge(const float* __restrict__ part_o, const float* __restrict__ part_lse, int n_splits,
-                 __nv_bfloat16* __restrict__ o, float* __restrict__ lse) {
-  const long long i = blockIdx.x;
-  const int h = blockIdx.y;
-  const long long p0 = i * n_splits * HK + h;
-  pdl_wait_primary();
-  merge_row_f32(part_o + p0 * D_V, static_cast<long long>(HK) * D_V, part_lse + p0, HK, n_splits, ninf(),
-                o + (i * HK + h) * D_V, lse + i * HK + h);
 }

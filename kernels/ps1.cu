@@ -1,9 +1,9 @@
 // ps1: persistent MLA decode, page size 1, causal mask on global (DCP
 // round-robin) positions, host-built work list; f32 partials + reduce.
 // ABI: kernels/ABI.md. Defines: HK, KV_FP8, MT, WARPS, GROUPS, BN, STAGES, QSMEM, LD_LINES, EARLY_Q (common/mla_core.cuh).
-#include "common/merge.cuh"
 #include "common/mla_core.cuh"
 #include "common/pdl.cuh"
+#include "common/ps1_reduce.cuh"
 
 using namespace mla;
 
@@ -60,24 +60,5 @@ extern "C" __global__ void __launch_bounds__(mla::THREADS, 1)
       attend<1>(smem, ps, q, kv, kv_indices + kv_indptr[b], scale_log2, out_scale, to_part, o, part_o,
                 to_part ? part_lse : lse);
     }
-  }
-}
-
-// Merges partial rows: reduce item m = (q_start, q_end, part_base, n_parts);
-// final row i merges part rows part_base + k*(q_end-q_start) + (i-q_start).
-// grid (n_items, HK), block 128; may be launched as a programmatic dependent
-// of ps1_fwd (common/pdl.cuh): the item is read before the forward ends.
-extern "C" __global__ void __launch_bounds__(128)
-    ps1_reduce(const float* __restrict__ part_o, const float* __restrict__ part_lse,
-               const int* __restrict__ reduce_items, __nv_bfloat16* __restrict__ o, float* __restrict__ lse) {
-  const int* it = reduce_items + 4ll * blockIdx.x;
-  const int q_start = it[0], q_end = it[1], base = it[2], n = it[3];
-  const int h = blockIdx.y;
-  const long long nr = q_end - q_start;
-  pdl_wait_primary();
-  for (int i = q_start; i < q_end; ++i) {
-    const long long p0 = (base + (i - q_start)) * static_cast<long long>(HK) + h;
-    merge_row_f32(part_o + p0 * D_V, nr * HK * D_V, part_lse + p0, nr * HK, n, ninf(),
-                  o + (static_cast<long long>(i) * HK + h) * D_V, lse + static_cast<long long>(i) * HK + h);
   }
 }

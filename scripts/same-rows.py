@@ -20,7 +20,7 @@ from pathlib import Path
 TIMING = {
     "kernel_median_ms", "kernel_p10_ms", "kernel_p90_ms",
     "variant_median_ms", "variant_p10_ms", "variant_p90_ms", "variant_min_ms",
-    "rel_spread", "samples", "noise", "noise_capped", "clock", "gbps", "tflops", "frac_bw", "frac_tc",
+    "rel_spread", "samples", "noise", "noise_capped", "clock", "gbps", "tflops", "frac_bw", "frac_tc", "tc_ceiling",
 }
 
 

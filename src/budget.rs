@@ -615,14 +615,18 @@ fn mla_run(case: &Case, p: &MlaParams, dec: &Decision, h: usize) -> MlaRun {
     match case.variant {
         dcp_combine::ID => MlaRun::Combine,
         ps1_unit::ID if small => match planned().as_ref().and_then(Plan::of::<Ps1Plan>) {
-            Some(Ps1Plan { kernel_heads, ranks }) => MlaRun::Ps1 {
+            Some(Ps1Plan {
+                kernel_heads, ranks, ..
+            }) => MlaRun::Ps1 {
                 hk: u(*kernel_heads),
                 ranks: Some(ranks.clone()),
             },
             None => MlaRun::Fails,
         },
         page64_unit::ID if small => match planned().as_ref().and_then(Plan::of::<Page64Plan>) {
-            Some(Page64Plan { kernel_heads, splits }) => MlaRun::Page64 {
+            Some(Page64Plan {
+                kernel_heads, splits, ..
+            }) => MlaRun::Page64 {
                 hk: u(*kernel_heads),
                 splits: Some(splits.clone()),
             },

@@ -20,5 +20,6 @@ pub mod runner;
 pub mod scenario;
 pub mod serde_float;
 pub mod stats;
+pub mod tensor_ceiling;
 pub mod variants;
 pub mod workload;

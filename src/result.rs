@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use crate::metrics::ErrorMetrics;
 use crate::stats::Summary;
+use crate::tensor_ceiling::MmaKind;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -116,6 +117,11 @@ pub struct Row {
     pub frac_bw: Option<f64>,
     #[serde(default, with = "crate::serde_float::opt")]
     pub frac_tc: Option<f64>,
+    /// The tensor ceiling `frac_tc` divides by: an instruction kind or the
+    /// mix of the variant's FLOP (`wgmma e4m3`, `wgmma e4m3 53% + mma.sync
+    /// bf16 47%`); see [`Row::tc_ceiling_label`] for rows made before it.
+    #[serde(default)]
+    pub tc_ceiling: Option<String>,
     /// Workload shape and knobs, as key/value (the fixed-schema CSV's params column).
     pub params: BTreeMap<String, String>,
     pub repro: String,
@@ -135,6 +141,12 @@ impl Row {
                 .partial_cmp(&b.metrics.cos_diff)
                 .unwrap_or(std::cmp::Ordering::Equal)
         })
+    }
+    /// What `frac_tc` is a fraction of. Rows made before `tc_ceiling`
+    /// existed had one ceiling, mma.sync bf16.
+    pub fn tc_ceiling_label(&self) -> Option<&str> {
+        self.frac_tc?;
+        Some(self.tc_ceiling.as_deref().unwrap_or(MmaKind::MmaSyncBf16.label()))
     }
     pub fn median_ms(&self, region: &str) -> Option<f64> {
         self.latency

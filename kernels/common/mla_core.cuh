@@ -49,6 +49,7 @@
 #include <cuda_bf16.h>
 
 #include "common/fp8.cuh"
+#include "common/mla_dims.cuh"
 #include "common/ptx.cuh"
 
 #ifndef HK
@@ -97,8 +98,6 @@ static_assert(!KV_FP8 || (BN == 64 && WARPS / GROUPS == 8), "fp8: BN 64 (the wgm
 
 namespace mla {
 
-constexpr int D_QK = 576;
-constexpr int D_V = 512;
 constexpr int THREADS = 32 * WARPS;
 constexpr int GW = WARPS / GROUPS;             // warps per consumer group
 constexpr int GTHREADS = 32 * GW;              // threads per group
@@ -135,8 +134,6 @@ constexpr int RSQ = D_QK * 2 + 16;               // bf16 Q row stride in shared 
 constexpr int Q_BYTES = KV_FP8 ? SWB * ROWS * 128 : (QSMEM ? ROWS * RSQ : 0);
 constexpr int ALIGN_SLACK = KV_FP8 ? 1024 : 0;   // the swizzle atoms need a 1024-byte aligned base
 constexpr int SMEM_BYTES = OFF_Q + Q_BYTES + ALIGN_SLACK;
-constexpr float LOG2E = 1.4426950408889634f;
-constexpr float LN2 = 0.6931471805599453f;
 
 static_assert(LD_CH * LD_TPT * 16 == ROW_BYTES, "loader covers a row exactly");
 static_assert(LD_THREADS <= GTHREADS, "loaders are threads of the group");
@@ -145,8 +142,6 @@ static_assert(GROUPS == 1 || ROWS * D_V * 4 <= RING_BYTES, "group 1's O fits its
 static_assert(SCR_BYTES % 16 == 0 && RING_BYTES % (KV_FP8 ? 1024 : 16) == 0, "aligned regions");
 static_assert(TPT == 1 || TPT == 2 || TPT == 4 || TPT == 8, "softmax vector width");
 static_assert(SMEM_BYTES <= 232448, "fits the sm_90 opt-in shared memory");
-
-__device__ __forceinline__ float ninf() { return -__int_as_float(0x7f800000); }
 
 // Barrier of one consumer group (named barrier 1 + grp over its threads), or
 // of the whole CTA with one group.
@@ -164,14 +159,6 @@ __device__ __forceinline__ void check_smem() {
   unsigned dyn;
   asm volatile("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(dyn));
   if (dyn < static_cast<unsigned>(SMEM_BYTES) || blockDim.x != THREADS) __trap();
-}
-
-// Tokens of a rank's shard of a length-L sequence (SPEC section 1).
-__device__ __forceinline__ int dcp_local_len(int r, int L, int W, int S) {
-  if (L <= 0) return 0;
-  const int ws = W * S;
-  const int rem = L % ws - r * S;
-  return (L / ws) * S + min(max(rem, 0), S);
 }
 
 // One pass: up to MT m-tiles of 16 consecutive Q rows, all over the same

@@ -23,7 +23,7 @@ impl CpuBackend {
                 compute_units: rayon::current_num_threads(),
                 l2_bytes: 0,
                 copy_gbps: None,
-                tensor_tflops: None,
+                tensor: Default::default(),
                 details: vec![],
             },
         }

@@ -21,6 +21,7 @@ pub use select::{select, select_with};
 use serde::Serialize;
 use thiserror::Error;
 
+use crate::tensor_ceiling::TensorRates;
 use crate::variants::{DeviceCheck, Job, OutTensor, Variant};
 
 /// What a backend runs on, with the measured ceilings used for fraction-of-peak.
@@ -33,9 +34,11 @@ pub struct DeviceInfo {
     /// Measured device-to-device copy bandwidth, GB/s (read + write bytes).
     #[serde(default, with = "crate::serde_float::opt")]
     pub copy_gbps: Option<f64>,
-    /// Measured dense tensor-core rate, TFLOP/s.
-    #[serde(default, with = "crate::serde_float::opt")]
-    pub tensor_tflops: Option<f64>,
+    /// Measured dense tensor rates, TFLOP/s, one per instruction kind
+    /// (flattened: `mma_sync_bf16_tflops`, `wgmma_bf16_tflops`, ...; older
+    /// runs' `tensor_tflops` reads as the mma.sync one it was).
+    #[serde(flatten)]
+    pub tensor: TensorRates,
     /// Driver / runtime / compiler versions and clocks, free-form.
     pub details: Vec<(String, String)>,
 }

@@ -10,7 +10,7 @@ use super::{clock, latency, lse_error, quant_noise, status_word, worst_output};
 use crate::result::Row;
 
 /// The columns, in order.
-pub const HEADER: [&str; 39] = [
+pub const HEADER: [&str; 40] = [
     "case_id",
     "variant",
     "contract",
@@ -48,6 +48,7 @@ pub const HEADER: [&str; 39] = [
     "tflops",
     "frac_bw",
     "frac_tc",
+    "tc_ceiling",
     "params",
     "repro",
 ];
@@ -134,6 +135,7 @@ fn record(r: &Row) -> Vec<String> {
         num(r.tflops),
         num(r.frac_bw),
         num(r.frac_tc),
+        r.tc_ceiling_label().unwrap_or_default().to_string(),
         params.join(";"),
         r.repro.clone(),
     ];
@@ -184,6 +186,7 @@ mod tests {
         assert_eq!(lines[0][col("worst_tensor")], "o");
         assert_eq!(lines[0][col("lse_max_abs")], "4e-5");
         assert_eq!(lines[0][col("status")], "pass");
+        assert_eq!(lines[0][col("tc_ceiling")], "wgmma e4m3");
     }
 
     #[test]
@@ -208,6 +211,7 @@ mod tests {
             "clock",
             "gbps",
             "frac_tc",
+            "tc_ceiling",
         ] {
             assert_eq!(lines[1][col(name)], "", "{name} of a skipped row");
         }

@@ -97,7 +97,7 @@ mod tests {
         let mut m = meta();
         m.reference_gflops = Some(nan);
         m.device.copy_gbps = Some(nan);
-        m.device.tensor_tflops = Some(nan);
+        m.device.tensor.wgmma_e4m3_tflops = Some(nan);
         m.check_rows = Some(4);
         m.planned = Some(1);
         let v: Value = serde_json::from_str(&render(&m, &[r]).unwrap()).unwrap();

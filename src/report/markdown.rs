@@ -7,6 +7,7 @@ use std::fmt::Write;
 use super::format::{duration_ms, percent, sci, sig3};
 use super::{has_cpu_timings, latency, status_word, worst_output, Counts, RunMeta, CPU_TIMINGS};
 use crate::result::{Row, Status};
+use crate::tensor_ceiling::MmaKind;
 
 /// The whole summary.
 pub fn render(meta: &RunMeta, rows: &[Row]) -> String {
@@ -29,7 +30,7 @@ pub fn render(meta: &RunMeta, rows: &[Row]) -> String {
         s.push('\n');
     }
     results(&mut s, rows);
-    ceilings(&mut s, meta);
+    ceilings(&mut s, meta, rows);
     s
 }
 
@@ -154,7 +155,7 @@ fn results(s: &mut String, rows: &[Row]) {
     s.push('\n');
 }
 
-fn ceilings(s: &mut String, meta: &RunMeta) {
+fn ceilings(s: &mut String, meta: &RunMeta, rows: &[Row]) {
     let d = &meta.device;
     let measured =
         |x: Option<f64>, unit: &str| x.map_or_else(|| "not measured".to_string(), |v| format!("{} {unit}", sig3(v)));
@@ -170,12 +171,30 @@ fn ceilings(s: &mut String, meta: &RunMeta) {
         "| copy bandwidth (read + write) | {} |",
         measured(d.copy_gbps, "GB/s")
     );
-    let _ = writeln!(s, "| dense tensor rate | {} |", measured(d.tensor_tflops, "TFLOP/s"));
+    for k in MmaKind::ALL {
+        let _ = writeln!(
+            s,
+            "| dense tensor rate, {k} | {} |",
+            measured(d.tensor.get(k), "TFLOP/s")
+        );
+    }
     let _ = writeln!(
         s,
         "| f64 CPU reference | {} |",
         measured(meta.reference_gflops, "GFLOP/s")
     );
+    let used = super::tc_ceilings(rows);
+    if !used.is_empty() {
+        let list: Vec<String> = used
+            .iter()
+            .map(|(l, n)| format!("{l} ({n} row{})", if *n == 1 { "" } else { "s" }))
+            .collect();
+        let _ = writeln!(
+            s,
+            "\n%TC (`frac_tc`) is of the ceiling of each row's tensor instructions (`tc_ceiling`; a mix is bound by each of its rates, `1 / sum(share / rate)`): {}.",
+            list.join(", ")
+        );
+    }
     if !d.details.is_empty() {
         let _ = writeln!(s, "\n## Device details\n");
         for (k, v) in &d.details {
@@ -238,6 +257,11 @@ mod tests {
         assert!(md.contains("| mla-skip | page64 | skip | - | - | - | - | - |"));
         assert!(md.contains("| copy bandwidth (read + write) | 4200 GB/s |"));
         assert!(md.contains("| f64 CPU reference | not measured |"));
+        assert!(md.contains("| dense tensor rate, mma.sync bf16 | 650 TFLOP/s |"));
+        assert!(md.contains("| dense tensor rate, wgmma bf16 | 800 TFLOP/s |"));
+        assert!(md.contains("| dense tensor rate, wgmma e4m3 | not measured |"));
+        assert!(md.contains("(`tc_ceiling`; a mix is bound by each of its rates"));
+        assert!(md.contains("`1 / sum(share / rate)`): wgmma e4m3 (2 rows).\n"), "{md}");
         assert!(md.contains("NVIDIA H200 (cuda, 132 compute units, L2 60 MiB)"));
         assert!(md.contains("## Device details\n\n- driver: 13.0\n"));
         assert!(!md.contains(CPU_TIMINGS));

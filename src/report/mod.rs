@@ -202,6 +202,19 @@ pub fn clock(row: &Row) -> Option<&str> {
     row.latency.first().map(|l| l.clock.as_str())
 }
 
+/// The tensor ceilings the rows' %TC divide by, each with its row count,
+/// in order of first use.
+pub fn tc_ceilings(rows: &[Row]) -> Vec<(&str, usize)> {
+    let mut used: Vec<(&str, usize)> = Vec::new();
+    for label in rows.iter().filter_map(Row::tc_ceiling_label) {
+        match used.iter_mut().find(|(l, _)| *l == label) {
+            Some((_, n)) => *n += 1,
+            None => used.push((label, 1)),
+        }
+    }
+    used
+}
+
 /// Whether any timing in the rows comes from the host wall clock, which
 /// says nothing about GPU speed and must be labelled so.
 pub fn has_cpu_timings(rows: &[Row]) -> bool {
@@ -306,6 +319,7 @@ pub(crate) mod testutil {
             tflops: Some(160.0),
             frac_bw: Some(0.9),
             frac_tc: Some(0.2),
+            tc_ceiling: Some("wgmma e4m3".to_string()),
             params,
             repro: format!("mlabench run scenarios/smoke.toml --case {case_id} --variant {variant}"),
         }
@@ -326,6 +340,7 @@ pub(crate) mod testutil {
         r.tflops = None;
         r.frac_bw = None;
         r.frac_tc = None;
+        r.tc_ceiling = None;
         r
     }
 
@@ -343,7 +358,11 @@ pub(crate) mod testutil {
                 compute_units: 132,
                 l2_bytes: 60 << 20,
                 copy_gbps: Some(4200.0),
-                tensor_tflops: Some(800.0),
+                tensor: crate::tensor_ceiling::TensorRates {
+                    mma_sync_bf16_tflops: Some(650.0),
+                    wgmma_bf16_tflops: Some(800.0),
+                    wgmma_e4m3_tflops: None,
+                },
                 details: vec![("driver".to_string(), "13.0".to_string())],
             },
             check_rows: None,
@@ -415,6 +434,32 @@ mod tests {
         json.as_object_mut().unwrap().remove("handoff");
         let old: RunMeta = serde_json::from_value(json).unwrap();
         assert_eq!(old.handoff, crate::backend::Handoff::Stream);
+    }
+
+    #[test]
+    fn a_run_from_before_the_wgmma_probes_reads_its_one_rate_as_mma_sync() {
+        use crate::tensor_ceiling::MmaKind;
+        let mut json = serde_json::to_value(testutil::meta()).unwrap();
+        assert_eq!(
+            json["device"]["wgmma_bf16_tflops"], 800.0,
+            "rates sit flat in the device"
+        );
+        let dev = json["device"].as_object_mut().unwrap();
+        for k in ["mma_sync_bf16_tflops", "wgmma_bf16_tflops", "wgmma_e4m3_tflops"] {
+            dev.remove(k);
+        }
+        dev.insert("tensor_tflops".into(), 650.8.into());
+        let old: RunMeta = serde_json::from_value(json).unwrap();
+        assert_eq!(old.device.tensor.get(MmaKind::MmaSyncBf16), Some(650.8));
+        assert_eq!(old.device.tensor.get(MmaKind::WgmmaE4m3), None);
+
+        // Its rows name no ceiling: theirs was mma.sync bf16.
+        let mut row = serde_json::to_value(row("a", "ps1", Status::Pass, "cuda-events")).unwrap();
+        row.as_object_mut().unwrap().remove("tc_ceiling");
+        let old: Row = serde_json::from_value(row).unwrap();
+        assert_eq!(old.tc_ceiling, None);
+        assert_eq!(old.tc_ceiling_label(), Some("mma.sync bf16"));
+        assert_eq!(skipped("b", "ps1").tc_ceiling_label(), None, "no %TC, no ceiling");
     }
 
     #[test]

@@ -6,7 +6,7 @@ use comfy_table::presets::UTF8_FULL_CONDENSED;
 use comfy_table::{Attribute, Cell, CellAlignment, Color, ColumnConstraint, ContentArrangement, Table, Width};
 
 use super::format::{clip, duration_ms, duration_range_ms, percent, sci, sig3};
-use super::{clock, has_cpu_timings, latency, lse_error, quant_noise, worst_output, Counts, CPU_TIMINGS};
+use super::{clock, has_cpu_timings, latency, lse_error, quant_noise, tc_ceilings, worst_output, Counts, CPU_TIMINGS};
 use crate::result::{Row, Status};
 
 /// The gate/plan column wraps between these widths; everything else keeps
@@ -173,12 +173,20 @@ fn latencies(rows: &[Row], look: Look) -> (String, Option<Table>) {
     if timed.is_empty() {
         return ("Latency and throughput: no row was timed".to_string(), None);
     }
+    // What %TC is of: named in the title when one ceiling serves every
+    // row, else in a column.
+    let ceilings = tc_ceilings(rows);
+    let tc = match ceilings.as_slice() {
+        [(label, _)] => format!("; %TC of {label}"),
+        _ => String::new(),
+    };
     let title = if has_cpu_timings(rows) {
-        format!("{CPU_TIMINGS}; clock: {}", clocks.join(", "))
+        format!("{CPU_TIMINGS}; clock: {}{tc}", clocks.join(", "))
     } else {
-        format!("Latency and throughput (medians; clock: {})", clocks.join(", "))
+        format!("Latency and throughput (medians; clock: {}{tc})", clocks.join(", "))
     };
     let mixed = clocks.len() > 1;
+    let mixed_tc = ceilings.len() > 1;
     let mut header = vec![
         "case",
         "variant",
@@ -193,6 +201,9 @@ fn latencies(rows: &[Row], look: Look) -> (String, Option<Table>) {
         "%BW",
         "%TC",
     ];
+    if mixed_tc {
+        header.push("%TC of");
+    }
     if mixed {
         header.push("clock");
     }
@@ -224,6 +235,9 @@ fn latencies(rows: &[Row], look: Look) -> (String, Option<Table>) {
             opt(r.frac_bw, percent),
             opt(r.frac_tc, percent),
         ];
+        if mixed_tc {
+            cells.push(Cell::new(r.tc_ceiling_label().unwrap_or("-")));
+        }
         if mixed {
             cells.push(Cell::new(clock(r).unwrap_or("-")));
         }
@@ -342,6 +356,28 @@ mod tests {
             latency_table(&[skipped("a", "ps1")], false),
             "Latency and throughput: no row was timed"
         );
+    }
+
+    #[test]
+    fn the_tensor_ceiling_is_named_once_or_per_row() {
+        let mut rows = vec![
+            row("a", "ps1", Status::Pass, "cuda-events"),
+            row("b", "v4_split", Status::Pass, "cuda-events"),
+        ];
+        let (title, table) = latencies(&rows, plain(250));
+        assert!(title.ends_with("clock: cuda-events; %TC of wgmma e4m3)"), "{title}");
+        assert!(!table.unwrap().to_string().contains("%TC of"));
+        rows[1].tc_ceiling = Some("mma.sync bf16".into());
+        let (title, table) = latencies(&rows, plain(250));
+        assert!(!title.contains("%TC"), "{title}");
+        let text = table.unwrap().to_string();
+        assert!(
+            text.lines()
+                .any(|l| l.contains("%TC of") && l.contains("variant median")),
+            "{text}"
+        );
+        assert!(text.lines().any(|l| l.contains(" b ") && l.contains("mma.sync bf16")));
+        assert!(text.lines().any(|l| l.contains(" a ") && l.contains("wgmma e4m3")));
     }
 
     #[test]

@@ -156,6 +156,7 @@ fn base_row(case: &Case, backend: &str, opts: &CaseOptions) -> Row {
         tflops: None,
         frac_bw: None,
         frac_tc: None,
+        tc_ceiling: None,
         params: case.params_map(),
         repro: repro(case, opts),
     }
@@ -326,8 +327,8 @@ pub fn execute(
 }
 
 /// The host half of a case that ran: its checks, status and statistics.
-/// `device` gives the ceilings for %BW and %TC. A panic in a check becomes
-/// an error row.
+/// `device` gives the ceilings for %BW and %TC (%TC against the variant's
+/// tensor instruction mix). A panic in a check becomes an error row.
 pub fn finish(case: &Case, ran: Ran, device: &DeviceInfo, opts: &CaseOptions) -> CaseOutcome {
     let Ran {
         mut row,
@@ -402,7 +403,9 @@ pub fn finish(case: &Case, ran: Ran, device: &DeviceInfo, opts: &CaseOptions) ->
             row.gbps = Some(gbps);
             row.tflops = Some(tflops);
             row.frac_bw = device.copy_gbps.map(|c| gbps / c);
-            row.frac_tc = device.tensor_tflops.map(|c| tflops / c);
+            let mix = unit.tensor_mix(&job);
+            row.frac_tc = mix.ceiling(&device.tensor).map(|c| tflops / c);
+            row.tc_ceiling = row.frac_tc.map(|_| mix.label());
         }
     }
     CaseOutcome {
@@ -426,4 +429,61 @@ pub fn skipped_row(case: &Case, backend: &str, opts: &CaseOptions, why: &str) ->
     row.status = Status::Skip;
     row.reason = why.to_string();
     row
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cpu::CpuBackend;
+    use crate::backend::TimingOptions;
+    use crate::tensor_ceiling::TensorRates;
+
+    /// %TC divides by the ceiling of the variant's own instruction mix
+    /// (v4_split: mma.sync bf16), the row names it, and a device without
+    /// that rate gives no %TC rather than one against another rate.
+    #[test]
+    fn frac_tc_is_of_the_variants_own_ceiling() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tc.toml");
+        let toml = "[[v4]]\nlayer = \"swa\"\nrows = 2\nheads = 16\nposition = 10\nvariants = [\"v4_split\"]\n";
+        std::fs::write(&path, toml).unwrap();
+        let case = crate::scenario::expand(&crate::scenario::load(&path).unwrap())
+            .cases
+            .remove(0);
+        let opts = CaseOptions {
+            check_rows: None,
+            exec: Exec {
+                timing: TimingOptions::default(),
+                repeats: 1,
+                handoff: Default::default(),
+            },
+            repro_flags: String::new(),
+        };
+        let mut backend = CpuBackend::new();
+        let mut device = backend.info().clone();
+        let rates = TensorRates {
+            mma_sync_bf16_tflops: Some(500.0),
+            wgmma_bf16_tflops: Some(800.0),
+            wgmma_e4m3_tflops: Some(1600.0),
+        };
+        let mut row_with = |tensor: TensorRates| {
+            let inputs = Caches::default().get(&case, opts.check_rows);
+            let mut workers = WorkerPool::new();
+            let Stage::Ran(ran) = execute(&case, inputs, None, &mut backend, &mut workers, &opts) else {
+                panic!("the case did not run");
+            };
+            device.tensor = tensor;
+            finish(&case, *ran, &device, &opts).row
+        };
+        let row = row_with(rates);
+        let tflops = row.tflops.expect("timed on the host clock");
+        assert_eq!(row.frac_tc, Some(tflops / 500.0));
+        assert_eq!(row.tc_ceiling.as_deref(), Some("mma.sync bf16"));
+        let none = row_with(TensorRates {
+            mma_sync_bf16_tflops: None,
+            ..rates
+        });
+        assert!(none.tflops.is_some());
+        assert_eq!((none.frac_tc, none.tc_ceiling), (None, None));
+    }
 }

@@ -12,6 +12,7 @@ use thiserror::Error;
 use crate::case::Case;
 use crate::reference::RefSet;
 use crate::result::Check;
+use crate::tensor_ceiling::{MmaKind, MmaMix};
 use crate::workload::Workload;
 
 pub mod checks;
@@ -200,6 +201,12 @@ pub trait Variant: Sync {
         vec![]
     }
     fn cost(&self, job: &Job) -> Cost;
+    /// Which tensor instructions its FLOP run on, by share: the ceiling its
+    /// rows' %TC divides by. The default is the V4 kernels' path (mma.sync
+    /// bf16 on dequantised tiles).
+    fn tensor_mix(&self, _job: &Job) -> MmaMix {
+        MmaMix::one(MmaKind::MmaSyncBf16)
+    }
     /// The length edges the plan puts the case's sequences on.
     fn edges(&self, case: &Case, plan: Option<&Plan>) -> BTreeSet<edges::Edge>;
     /// Every kernel configuration it can launch: all must compile.

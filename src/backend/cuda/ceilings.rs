@@ -1,8 +1,9 @@
-//! The two ceilings reports divide by, measured on the device at hand
-//! (never datasheet numbers, never cached across runs): device-to-device
-//! copy bandwidth and the dense mma.sync tensor rate. Also the read rate of
-//! KV rows gathered in random order, the layout-bound limit of a page-size-1
-//! cache, reported beside them.
+//! The ceilings reports divide by, measured on the device at hand (never
+//! datasheet numbers, never cached across runs): device-to-device copy
+//! bandwidth and the dense tensor rate of each instruction kind (mma.sync
+//! bf16; wgmma bf16 and e4m3 on sm_90a). Also the read rate of KV rows
+//! gathered in random order, the layout-bound limit of a page-size-1 cache,
+//! reported beside them.
 
 use cudarc::driver::LaunchConfig;
 use rand::seq::SliceRandom;
@@ -13,16 +14,26 @@ use super::probe::Probe;
 use super::report::{Ceilings, GatherCeiling, LaunchOverhead};
 use super::timing::{median, queue_ahead, Aids, Timer};
 use crate::backend::{BackendError, TimingOptions};
+use crate::tensor_ceiling::{MmaKind, TensorRates};
 
 /// Timed runs per median.
 const SAMPLES: usize = 10;
 /// Bytes of one copy's source (2 GiB), less on a device without room.
 const COPY_BYTES: usize = 2 << 30;
-/// mma.sync m16n8k16: 2 * 16 * 8 * 16 FLOP.
+/// mma.sync m16n8k16: 2 * 16 * 8 * 16 FLOP per warp.
 const MMA_FLOP: f64 = 4096.0;
-/// Accumulator chains per warp: `MMA_CHAINS` of probe.cu's `mlab_mma_bf16`, which must match.
+/// Accumulator chains per warp and threads per block of `mlab_mma_bf16`:
+/// `MLAB_MMA_CHAINS` and `MLAB_MMA_THREADS` of probe.cu, which must match.
 const MMA_CHAINS: f64 = 8.0;
 const MMA_BLOCK: u32 = 256;
+/// wgmma m64n256k16 (bf16) and m64n256k32 (e4m3) per warpgroup.
+const WGMMA_BF16_FLOP: f64 = 2.0 * 64.0 * 256.0 * 16.0;
+const WGMMA_E4M3_FLOP: f64 = 2.0 * 64.0 * 256.0 * 32.0;
+/// Threads per block and wgmma per warpgroup per loop iteration of
+/// `mlab_wgmma_*`: `MLAB_WGMMA_THREADS` and `MLAB_WGMMA_PER_GROUP` of
+/// probe.cu, which must match.
+const WGMMA_BLOCK: u32 = 384;
+const WGMMA_PER_GROUP: f64 = 16.0;
 /// GPU busy-wait before each timed probe run, so host launch latency is
 /// not timed (see `timing::Aids::spin`).
 const QUEUE_AHEAD_NS: u64 = 50_000;
@@ -30,9 +41,16 @@ const QUEUE_AHEAD_NS: u64 = 50_000;
 /// and in bf16.
 const GATHER_ROW_BYTES: [usize; 2] = [576, 1152];
 
-pub fn measure(dev: &CudaDevice, probe: &Probe) -> Result<Ceilings, BackendError> {
+/// `wgmma`: the probes were compiled for a target with wgmma (sm_90a);
+/// elsewhere only mma.sync is measured.
+pub fn measure(dev: &CudaDevice, probe: &Probe, wgmma: bool) -> Result<Ceilings, BackendError> {
     let (memcpy_gbps, copy_kernel_gbps, copy_buffer_bytes) = copy_bandwidth(dev, probe)?;
-    let tensor_tflops = mma_rate(dev, probe)?;
+    let mut tensor = TensorRates::default();
+    for kind in MmaKind::ALL {
+        if wgmma || kind == MmaKind::MmaSyncBf16 {
+            tensor.set(kind, Some(tensor_rate(dev, probe, kind)?));
+        }
+    }
     let (read_gbps, gather) = gather_bandwidth(dev, probe, copy_buffer_bytes)?;
     let (copy_gbps, copy_method) = if memcpy_gbps >= copy_kernel_gbps {
         (memcpy_gbps, "cuMemcpyDtoD")
@@ -45,8 +63,7 @@ pub fn measure(dev: &CudaDevice, probe: &Probe) -> Result<Ceilings, BackendError
         memcpy_gbps,
         copy_kernel_gbps,
         copy_buffer_bytes,
-        tensor_tflops,
-        tensor_label: "mma.sync bf16".into(),
+        tensor,
         read_gbps,
         gather,
         samples: SAMPLES,
@@ -174,29 +191,44 @@ fn copy_bandwidth(dev: &CudaDevice, probe: &Probe) -> Result<(f64, f64, usize), 
     Ok((memcpy, kernel, bytes))
 }
 
-/// Median TFLOP/s of probe.cu's register-resident mma.sync loop over every SM.
-fn mma_rate(dev: &CudaDevice, probe: &Probe) -> Result<f64, BackendError> {
-    let k = probe.mma();
-    let per_sm = k
-        .occupancy(MMA_BLOCK, 0)
-        .map_err(|e| dev.map_err("occupancy", e))?
-        .max(1);
+/// Threads per block of a tensor probe and the FLOP one block does per
+/// loop iteration.
+fn tensor_shape(kind: MmaKind) -> (u32, f64) {
+    match kind {
+        MmaKind::MmaSyncBf16 => (MMA_BLOCK, (MMA_BLOCK / 32) as f64 * MMA_CHAINS * MMA_FLOP),
+        MmaKind::WgmmaBf16 => (
+            WGMMA_BLOCK,
+            (WGMMA_BLOCK / 128) as f64 * WGMMA_PER_GROUP * WGMMA_BF16_FLOP,
+        ),
+        MmaKind::WgmmaE4m3 => (
+            WGMMA_BLOCK,
+            (WGMMA_BLOCK / 128) as f64 * WGMMA_PER_GROUP * WGMMA_E4M3_FLOP,
+        ),
+    }
+}
+
+/// Median TFLOP/s of probe.cu's dense loop of one tensor instruction over
+/// every SM (grid = SMs x occupancy), each run calibrated to about 10 ms.
+fn tensor_rate(dev: &CudaDevice, probe: &Probe, kind: MmaKind) -> Result<f64, BackendError> {
+    let k = probe.tensor(kind);
+    let (block, flop_per_iter) = tensor_shape(kind);
+    let per_sm = k.occupancy(block, 0).map_err(|e| dev.map_err("occupancy", e))?.max(1);
     let grid = dev.props().sm_count as u32 * per_sm;
-    let threads = (grid * MMA_BLOCK) as usize;
-    let mut out = dev.alloc_zeros::<f32>(threads)?;
+    let mut out = dev.alloc_zeros::<f32>((grid * block) as usize)?;
     let seed = 0x5eed_u32;
     let cfg = LaunchConfig {
         grid_dim: (grid, 1, 1),
-        block_dim: (MMA_BLOCK, 1, 1),
+        block_dim: (block, 1, 1),
         shared_mem_bytes: 0,
     };
-    let flop = |iters: i32| (threads / 32) as f64 * iters as f64 * MMA_CHAINS * MMA_FLOP;
     let mut run = |iters: i32| -> Result<f64, BackendError> {
         let (a, b) = (dev.event()?, dev.event()?);
         queue_ahead(dev, probe.spin(), QUEUE_AHEAD_NS)?;
         dev.record(&a)?;
-        // SAFETY: mlab_mma_bf16(float* out, int iters, unsigned seed): out
-        // holds one float per launched thread.
+        // SAFETY: mlab_mma_bf16 / mlab_wgmma_bf16 / mlab_wgmma_e4m3 (float*
+        // out, int iters, unsigned seed): out holds one float per launched
+        // thread; block is the size each kernel's __launch_bounds__ allows
+        // and its shared memory is static.
         unsafe { dev.launch(k).arg(&mut out).arg(&iters).arg(&seed).launch(cfg)? };
         dev.record(&b)?;
         dev.elapsed_ms(&a, &b)
@@ -213,11 +245,11 @@ fn mma_rate(dev: &CudaDevice, probe: &Probe) -> Result<f64, BackendError> {
     }
     let sums = dev.download(&out)?;
     if sums.iter().any(|x| !x.is_finite()) || sums.iter().all(|&x| x == 0.0) {
-        return Err(BackendError::Failed(
-            "mma probe produced non-finite or all-zero sums".into(),
-        ));
+        return Err(BackendError::Failed(format!(
+            "{kind} probe produced non-finite or all-zero sums"
+        )));
     }
-    Ok(flop(iters) / (median(&ms) * 1e-3) / 1e12)
+    Ok(grid as f64 * iters as f64 * flop_per_iter / (median(&ms) * 1e-3) / 1e12)
 }
 
 /// Empty-kernel cost: between events (launch queued ahead, so this is the

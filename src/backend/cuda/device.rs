@@ -13,6 +13,7 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use cudarc::driver::sys::{self, CUdevice_attribute as Attr};
 use cudarc::driver::{
@@ -125,6 +126,33 @@ impl CudaDevice {
         r.map_err(|e| self.map_err(what, e))
     }
 
+    /// Polls `query` (cuStreamQuery / cuEventQuery) until the work is done.
+    /// Past `hang_limit()` the device counts as lost: a kernel that hangs
+    /// keeps it busy for good, and blocking on it would lose the run.
+    fn wait_done(&self, what: &str, query: impl Fn() -> sys::CUresult) -> Result<(), BackendError> {
+        let (t0, limit) = (Instant::now(), hang_limit());
+        let mut nap = Duration::from_micros(10);
+        loop {
+            match query() {
+                sys::CUresult::CUDA_SUCCESS => return Ok(()),
+                sys::CUresult::CUDA_ERROR_NOT_READY => {}
+                e => return Err(self.map_err(what, DriverError(e))),
+            }
+            if t0.elapsed() > limit {
+                let msg = format!(
+                    "{what}: the GPU did not finish within {} s, so a kernel hangs (a deadlock or an endless loop) \
+                     or runs far longer than any case should; the device cannot be used again by this process, so the \
+                     run stops here and keeps the rows already measured (MLABENCH_HANG_S sets the limit)",
+                    limit.as_secs()
+                );
+                let _ = self.lost.set(msg.clone());
+                return Err(BackendError::DeviceLost(msg));
+            }
+            std::thread::sleep(nap);
+            nap = (nap * 2).min(Duration::from_micros(500));
+        }
+    }
+
     /// Refuses work once a sticky error was seen.
     fn alive(&self) -> Result<(), BackendError> {
         match self.lost.get() {
@@ -139,9 +167,13 @@ impl CudaDevice {
         self.lost.get().is_some()
     }
 
-    /// Waits for all queued work; asynchronous kernel faults surface here.
+    /// Waits for all queued work; asynchronous kernel faults surface here,
+    /// and a kernel that never finishes becomes a lost device, not a hang.
     pub fn sync(&self) -> Result<(), BackendError> {
         self.alive()?;
+        let s = self.stream.cu_stream();
+        // SAFETY: `s` is this device's live stream; cuStreamQuery only reads its state.
+        self.wait_done("synchronizing the stream", || unsafe { sys::cuStreamQuery(s) })?;
         self.check("synchronizing the stream", self.stream.synchronize())?;
         // Errors cudarc recorded in Drop impls (frees, event destroys).
         self.check("an earlier asynchronous operation", self.ctx.check_err())
@@ -179,9 +211,9 @@ impl CudaDevice {
     }
 
     /// Copies a buffer (or a `buf.slice(..)` view) to the host, after all
-    /// queued work.
+    /// queued work (waited for first, so a hung kernel cannot block the copy).
     pub fn download<T: DeviceRepr + Default + Clone, S: DevicePtr<T>>(&self, buf: &S) -> Result<Vec<T>, BackendError> {
-        self.alive()?;
+        self.sync()?;
         let v = self.check("downloading", self.stream.clone_dtoh(buf))?;
         self.sync()?;
         Ok(v)
@@ -460,6 +492,9 @@ impl CudaDevice {
     /// Milliseconds between two recorded events (waits for `end`).
     pub fn elapsed_ms(&self, start: &CudaEvent, end: &CudaEvent) -> Result<f64, BackendError> {
         self.alive()?;
+        let e = end.cu_event();
+        // SAFETY: `e` is a live event recorded on this device's stream; cuEventQuery only reads it.
+        self.wait_done("waiting for a timing event", || unsafe { sys::cuEventQuery(e) })?;
         self.check("waiting for a timing event", end.synchronize())?;
         Ok(self.check("cuEventElapsedTime", start.elapsed_ms(end))? as f64)
     }
@@ -499,6 +534,18 @@ pub fn elf_has_symbol(image: &[u8], name: &str) -> bool {
     needle.extend_from_slice(name.as_bytes());
     needle.push(0);
     image.windows(needle.len()).any(|w| w == needle.as_slice())
+}
+
+/// How long one wait for the GPU may last before it counts as hung:
+/// `MLABENCH_HANG_S` seconds, default 120 (no single case of the shipped
+/// scenarios keeps the GPU busy for more than a few seconds).
+pub fn hang_limit() -> Duration {
+    let s = std::env::var("MLABENCH_HANG_S")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|&s| s > 0)
+        .unwrap_or(120);
+    Duration::from_secs(s)
 }
 
 /// `CUDA_ERROR_ILLEGAL_ADDRESS (an illegal memory access was encountered)`.

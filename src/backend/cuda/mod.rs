@@ -37,7 +37,7 @@ pub struct OpenOptions {
     pub ordinal: usize,
     /// NVRTC target; None: [`default_arch`] of the device.
     pub arch: Option<String>,
-    /// Measure copy bandwidth and tensor rate (about a second of GPU time).
+    /// Measure copy bandwidth and tensor rates (about a second of GPU time).
     pub measure_ceilings: bool,
     /// Measure the empty-kernel launch cost.
     pub measure_launch: bool,
@@ -86,7 +86,7 @@ impl CudaBackend {
         let flush = L2Flush::new(&dev, probe.l2_flush()).map_err(setup)?;
         let timer = Timer::default();
         let ceilings = if opts.measure_ceilings {
-            Some(ceilings::measure(&dev, &probe).map_err(setup)?)
+            Some(ceilings::measure(&dev, &probe, probe::has_wgmma(compiler.arch())).map_err(setup)?)
         } else {
             None
         };
@@ -220,7 +220,6 @@ fn device_info(dev: &CudaDevice, compiler: &Compiler, ceilings: Option<&Ceilings
     ];
     if let Some(c) = ceilings {
         details.push(("copy_method".into(), c.copy_method.clone()));
-        details.push(("tensor_label".into(), c.tensor_label.clone()));
         details.push(("read_gbps".into(), format!("{:.0}", c.read_gbps)));
         for g in &c.gather {
             details.push((format!("gather_{}b_gbps", g.row_bytes), format!("{:.0}", g.gbps)));
@@ -232,7 +231,7 @@ fn device_info(dev: &CudaDevice, compiler: &Compiler, ceilings: Option<&Ceilings
         compute_units: p.sm_count,
         l2_bytes: p.l2_bytes,
         copy_gbps: ceilings.map(|c| c.copy_gbps),
-        tensor_tflops: ceilings.map(|c| c.tensor_tflops),
+        tensor: ceilings.map(|c| c.tensor).unwrap_or_default(),
         details,
     }
 }

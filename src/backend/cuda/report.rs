@@ -3,6 +3,8 @@
 
 use serde::Serialize;
 
+use crate::tensor_ceiling::{MmaKind, TensorRates};
+
 /// Facts the driver reports about one device.
 #[derive(Clone, Debug, Serialize)]
 pub struct DeviceProps {
@@ -38,10 +40,9 @@ pub struct Ceilings {
     pub copy_kernel_gbps: f64,
     /// Bytes of one copy's source buffer.
     pub copy_buffer_bytes: usize,
-    /// Dense tensor rate, TFLOP/s (1e12).
-    pub tensor_tflops: f64,
-    /// What `tensor_tflops` measured, e.g. `mma.sync bf16`.
-    pub tensor_label: String,
+    /// Dense tensor rate of each instruction kind, TFLOP/s (1e12); the
+    /// wgmma ones only on sm_90a.
+    pub tensor: TensorRates,
     /// Read-only rate of the gather probe with rows in order, GB/s.
     pub read_gbps: f64,
     /// Read-only rate of rows gathered in random order, per row size.
@@ -157,12 +158,16 @@ impl DeviceReport {
                     "read bandwidth".into(),
                     format!("{:.0} GB/s in order; random order: {}", c.read_gbps, rows.join(", ")),
                 ));
+                let rates: Vec<String> = MmaKind::ALL
+                    .iter()
+                    .map(|&k| match c.tensor.get(k) {
+                        Some(t) => format!("{k} {t:.1} TFLOP/s"),
+                        None => format!("{k} not measured (needs sm_90a)"),
+                    })
+                    .collect();
                 v.push((
-                    "tensor rate".into(),
-                    format!(
-                        "{:.1} TFLOP/s ({}, dense, median of {})",
-                        c.tensor_tflops, c.tensor_label, c.samples
-                    ),
+                    "tensor rates".into(),
+                    format!("{} (dense, median of {})", rates.join(", "), c.samples),
                 ));
             }
             None => v.push(("ceilings".into(), "not measured".into())),
@@ -213,8 +218,11 @@ mod tests {
                 memcpy_gbps: 4312.4,
                 copy_kernel_gbps: 4100.0,
                 copy_buffer_bytes: 2 << 30,
-                tensor_tflops: 612.3,
-                tensor_label: "mma.sync bf16".into(),
+                tensor: TensorRates {
+                    mma_sync_bf16_tflops: Some(612.3),
+                    wgmma_bf16_tflops: Some(780.31),
+                    wgmma_e4m3_tflops: None,
+                },
                 read_gbps: 3900.0,
                 gather: vec![
                     GatherCeiling {
@@ -236,7 +244,10 @@ mod tests {
         assert_eq!(get("L2"), "60.0 MiB");
         assert_eq!(get("compute capability"), "9.0 -> sm_90a");
         assert!(get("copy bandwidth").starts_with("4312 GB/s"));
-        assert!(get("tensor rate").starts_with("612.3 TFLOP/s (mma.sync bf16"));
+        assert_eq!(
+            get("tensor rates"),
+            "mma.sync bf16 612.3 TFLOP/s, wgmma bf16 780.3 TFLOP/s, wgmma e4m3 not measured (needs sm_90a) (dense, median of 10)"
+        );
         assert_eq!(
             get("read bandwidth"),
             "3900 GB/s in order; random order: 576 B rows 2587 GB/s (60% of copy), 1152 B rows 3450 GB/s (80% of copy)"

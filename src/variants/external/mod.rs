@@ -17,9 +17,10 @@ use super::{
     dcp_combine, mla, split_merge, v4, Cost, Decision, Family, Job, KernelSpec, OutTensor, Plan, PlanData, PlanError,
     Program, Variant, VariantId, VariantInfo,
 };
-use crate::case::Case;
+use crate::case::{Case, Dtype};
 use crate::reference::RefSet;
 use crate::result::Check;
+use crate::tensor_ceiling::{MmaKind, MmaMix};
 pub use decl::{Caps, Contract, ImplDecl, Mask};
 
 /// The unit of one declared implementation.
@@ -121,6 +122,21 @@ impl Variant for External {
                 .map_or(Cost::default(), |w| mla::cost(job, w.heads(), 0)),
             Contract::V4Decode => v4::cost(job, 0),
             _ => self.merge_unit().map_or(Cost::default(), |u| u.cost(job)),
+        }
+    }
+
+    /// Whatever the worker runs, it is held to the best rate of the case's
+    /// inputs: wgmma of their dtype (V4 is native fp8). The merges are the
+    /// built-in units'.
+    fn tensor_mix(&self, job: &Job) -> MmaMix {
+        match self.decl.contract {
+            Contract::MlaDecode if job.case.mla().is_some_and(|p| p.dtype == Dtype::Bf16) => {
+                MmaMix::one(MmaKind::WgmmaBf16)
+            }
+            Contract::MlaDecode | Contract::V4Decode => MmaMix::one(MmaKind::WgmmaE4m3),
+            _ => self
+                .merge_unit()
+                .map_or(MmaMix::one(MmaKind::MmaSyncBf16), |u| u.tensor_mix(job)),
         }
     }
 

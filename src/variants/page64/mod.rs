@@ -15,7 +15,8 @@ use super::emulate::{poison, wanted, Emulation, Fault};
 use super::heads;
 use super::mla::emulate::{merge_chunks, mla_chunk, mla_tensors, write_final, Chunk, RankOut, Span};
 use super::mla::gate::{GateInput, Verdict};
-use super::mla::{self, kernel, program::Rank};
+use super::mla::kernel::{self, Core};
+use super::mla::{self, program::Rank};
 use super::program::{Arg, Call, Fill, Program, Smem};
 use super::{
     Cost, Decision, Family, Job, KernelSpec, OutTensor, Plan, PlanData, PlanError, Variant, VariantId, VariantInfo,
@@ -23,6 +24,7 @@ use super::{
 use crate::case::{Case, Dtype, MLA_D_V};
 use crate::reference::RefSet;
 use crate::result::Check;
+use crate::tensor_ceiling::{MmaKind, MmaMix};
 use crate::workload::Workload;
 use split::page64_split_ranges;
 
@@ -39,9 +41,11 @@ static INFO: VariantInfo = VariantInfo {
     takes_split_axis: false,
 };
 
-/// The plan: the padded width and each DCP rank's split count.
+/// The plan: the padded width, the core and each DCP rank's split count.
 pub struct Page64Plan {
     pub kernel_heads: usize,
+    pub core: Core,
+    pub core_reason: String,
     pub splits: Vec<usize>,
 }
 
@@ -50,6 +54,18 @@ pub struct Page64;
 /// The kernel configuration for `hk` heads.
 pub fn spec(hk: usize, fp8: bool, mt: usize) -> KernelSpec {
     kernel::spec("page64.cu", &["page64_fwd", "page64_merge"], hk, fp8, mt)
+}
+
+/// The wgmma core's configuration for `hk` heads.
+pub fn spec_wg(hk: usize) -> KernelSpec {
+    kernel::wg_spec("page64_wg.cu", &["page64_fwd", "page64_merge"], hk)
+}
+
+fn core_spec(core: Core, hk: usize, fp8: bool) -> KernelSpec {
+    match core {
+        Core::Wg => spec_wg(hk),
+        Core::Mma { mt } => spec(hk, fp8, mt),
+    }
 }
 
 impl Variant for Page64 {
@@ -80,20 +96,40 @@ impl Variant for Page64 {
                 split::fallback_splits(p.batch, total, kernel_heads, p.s_q, p.dtype, case.cus)
             })
             .collect();
-        Ok(Plan::new(Page64Plan { kernel_heads, splits }))
+        let (core, core_reason) = kernel::mla_core(kernel_heads, p.s_q, p.dtype == Dtype::Fp8);
+        Ok(Plan::new(Page64Plan {
+            kernel_heads,
+            core,
+            core_reason,
+            splits,
+        }))
     }
 
     fn summary(&self, plan: &Plan) -> String {
-        let Some(Page64Plan { kernel_heads, splits }) = plan.of::<Page64Plan>() else {
+        let Some(Page64Plan {
+            kernel_heads,
+            core,
+            splits,
+            ..
+        }) = plan.of::<Page64Plan>()
+        else {
             return String::new();
         };
         let lo = splits.iter().min().copied().unwrap_or(0);
         let hi = splits.iter().max().copied().unwrap_or(0);
+        let core = core.name();
         if lo == hi {
-            format!("h{kernel_heads} splits={lo}")
+            format!("h{kernel_heads} core={core} splits={lo}")
         } else {
-            format!("h{kernel_heads} splits={lo}..{hi}")
+            format!("h{kernel_heads} core={core} splits={lo}..{hi}")
         }
+    }
+
+    fn details(&self, plan: &Plan, _items: bool) -> Vec<String> {
+        let Some(p) = plan.of::<Page64Plan>() else {
+            return vec![];
+        };
+        vec![format!("core {} ({})", p.core.name(), p.core_reason)]
     }
 
     fn cost(&self, job: &Job) -> Cost {
@@ -103,6 +139,13 @@ impl Variant for Page64 {
         let rows = job.case.mla().map_or(0, |m| m.total_q());
         let partial_rows = if p.splits[0] > 1 { rows * p.splits[0] } else { 0 };
         mla::cost(job, p.kernel_heads, partial_rows)
+    }
+
+    fn tensor_mix(&self, job: &Job) -> MmaMix {
+        match job.plan.of::<Page64Plan>() {
+            Some(p) => kernel::tensor_mix(p.core, job.case.mla().is_some_and(|m| m.dtype == Dtype::Fp8)),
+            None => MmaMix::one(MmaKind::MmaSyncBf16),
+        }
     }
 
     fn edges(&self, case: &Case, plan: Option<&Plan>) -> BTreeSet<Edge> {
@@ -119,13 +162,16 @@ impl Variant for Page64 {
     }
 
     fn all_kernels(&self) -> Vec<KernelSpec> {
-        kernel::every_shape(spec)
+        kernel::every_shape(spec, spec_wg)
     }
 
     fn kernels(&self, case: &Case, d: &Decision) -> Vec<KernelSpec> {
         match (case.mla(), &d.skip) {
             (Some(p), None) => heads::page64_heads(p.heads())
-                .map(|hk| vec![spec(hk, p.dtype == Dtype::Fp8, kernel::mla_mt(hk, p.s_q))])
+                .map(|hk| {
+                    let fp8 = p.dtype == Dtype::Fp8;
+                    vec![core_spec(kernel::mla_core(hk, p.s_q, fp8).0, hk, fp8)]
+                })
                 .unwrap_or_default(),
             _ => vec![],
         }
@@ -196,10 +242,19 @@ impl Variant for Page64 {
             return Err("page64 was handed another variant's plan or workload".into());
         };
         let (hk, fp8) = (plan.kernel_heads, w.p.dtype == Dtype::Fp8);
-        let mt = kernel::mla_mt(hk, w.p.s_q);
-        let k = spec(hk, fp8, mt);
-        let shape = kernel::mla_shape(fp8, mt);
-        let smem = kernel::mla_smem(fp8, mt, shape);
+        let k = core_spec(plan.core, hk, fp8);
+        // The wgmma core: one CTA per 64-row block, adjacent for a split.
+        let (row_groups, block, smem) = match plan.core {
+            Core::Wg => (
+                kernel::wg_row_blocks(hk, w.p.s_q),
+                kernel::WG_THREADS,
+                kernel::wg_smem(),
+            ),
+            Core::Mma { mt } => {
+                let shape = kernel::mla_shape(fp8, mt);
+                (hk / 16, 32 * shape.warps as u32, kernel::mla_smem(fp8, mt, shape))
+            }
+        };
         let n = w.p.total_q();
         let mut programs = Vec::with_capacity(plan.splits.len());
         for (r, &ns) in plan.splits.iter().enumerate() {
@@ -211,8 +266,8 @@ impl Variant for Page64 {
             p.calls.push(Call {
                 kernel: k.clone(),
                 entry: "page64_fwd",
-                grid: ((hk / 16) as u32, ns as u32, w.p.batch as u32),
-                block: 32 * shape.warps as u32,
+                grid: (row_groups as u32, ns as u32, w.p.batch as u32),
+                block,
                 smem: Smem::Fixed(smem),
                 args: vec![
                     Arg::Buf(b.q),
@@ -254,5 +309,39 @@ impl Variant for Page64 {
             programs.push(p);
         }
         Ok(programs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workload;
+
+    #[test]
+    fn the_wgmma_core_grid_is_row_blocks_by_splits_by_sequences() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.toml");
+        let toml =
+            "[[mla]]\nbatch = 3\ncontext = 640\nheads_local = 16\ns_q = 4\nvariants = [\"page64\"]\ndtype = \"bf16\"\n";
+        std::fs::write(&path, toml).unwrap();
+        let c = crate::scenario::expand(&crate::scenario::load(&path).unwrap())
+            .cases
+            .remove(0);
+        let d = Page64.decide(&c);
+        let plan = Page64.plan(&c, &d, None).unwrap();
+        let p = plan.of::<Page64Plan>().unwrap();
+        assert_eq!(p.core, Core::Wg, "{}", p.core_reason);
+        let wl = workload::build(&c).unwrap();
+        let job = Job {
+            case: &c,
+            workload: &wl,
+            plan: &plan,
+            rows: &[],
+        };
+        let call = &Page64.programs(&job).unwrap()[0].calls[0];
+        assert_eq!(call.kernel.file, "page64_wg.cu");
+        assert_eq!(call.grid, (1, p.splits[0] as u32, 3));
+        assert_eq!(call.block, kernel::WG_THREADS);
+        assert_eq!(call.smem, Smem::Fixed(kernel::wg_smem()));
     }
 }

@@ -16,7 +16,8 @@ use super::emulate::{poison, wanted, Emulation, Fault};
 use super::heads;
 use super::mla::emulate::{merge_chunks, mla_chunk, mla_tensors, write_final, Chunk, RankOut, Span};
 use super::mla::gate::{GateInput, Verdict};
-use super::mla::{self, kernel, program::Rank};
+use super::mla::kernel::{self, Core};
+use super::mla::{self, program::Rank};
 use super::program::{Arg, Call, Fill, Program, Smem};
 use super::{
     Cost, Decision, Family, Job, KernelSpec, OutTensor, Plan, PlanData, PlanError, Variant, VariantId, VariantInfo,
@@ -24,6 +25,7 @@ use super::{
 use crate::case::{Case, Dtype, Ps1Schedule, MLA_D_V};
 use crate::reference::RefSet;
 use crate::result::Check;
+use crate::tensor_ceiling::{MmaKind, MmaMix};
 use crate::workload::Workload;
 use balance::{build_balanced, BalanceOptions, BALANCED_OVERHEAD_TOKENS};
 use worklist::{build_worklist, WorkList, KV_GRANULARITY, MAX_SPLITS};
@@ -41,9 +43,14 @@ static INFO: VariantInfo = VariantInfo {
     takes_split_axis: false,
 };
 
-/// The plan: the padded width and one work list per DCP rank.
+/// The plan: the padded width, the core and one work list per DCP rank. On
+/// the wgmma core a work list is cut for `num_ctas` groups of `n_rb` CTAs,
+/// one per 64-row block, which read each KV tile together.
 pub struct Ps1Plan {
     pub kernel_heads: usize,
+    pub core: Core,
+    pub core_reason: String,
+    pub n_rb: usize,
     pub ranks: Vec<WorkList>,
 }
 
@@ -57,6 +64,19 @@ pub fn spec(hk: usize, fp8: bool, mt: usize) -> KernelSpec {
     kernel::spec("ps1.cu", &["ps1_fwd", "ps1_reduce"], hk, fp8, mt)
         .define("LD_LINES", fp8 as u8)
         .define("EARLY_Q", 1)
+}
+
+/// The wgmma core's configuration for `hk` heads.
+pub fn spec_wg(hk: usize) -> KernelSpec {
+    kernel::wg_spec("ps1_wg.cu", &["ps1_fwd", "ps1_reduce"], hk)
+}
+
+/// The kernel a plan runs.
+fn plan_spec(plan: &Ps1Plan, fp8: bool) -> KernelSpec {
+    match plan.core {
+        Core::Wg => spec_wg(plan.kernel_heads),
+        Core::Mma { mt } => spec(plan.kernel_heads, fp8, mt),
+    }
 }
 
 impl Variant for Ps1 {
@@ -81,7 +101,17 @@ impl Variant for Ps1 {
         let p = mla::params(case).map_err(err)?;
         let kernel_heads = heads::kernel_heads(p.heads(), p.s_q).map_err(|e| err(e.to_string()))?;
         let qo: Vec<i32> = (0..=p.batch).map(|b| (b * p.s_q) as i32).collect();
-        let shape = kernel::mla_shape(p.dtype == Dtype::Fp8, kernel::mla_mt(kernel_heads, p.s_q));
+        let fp8 = p.dtype == Dtype::Fp8;
+        let (core, core_reason) = kernel::mla_core(kernel_heads, p.s_q, fp8);
+        // One unit: the tokens a pass of all consumer groups covers.
+        let (n_rb, unit_tokens) = match core {
+            Core::Wg => (kernel::wg_row_blocks(kernel_heads, p.s_q), kernel::WG_UNIT_TOKENS),
+            Core::Mma { mt } => {
+                let shape = kernel::mla_shape(fp8, mt);
+                (1, shape.bn * shape.groups)
+            }
+        };
+        let num_ctas = (case.cus / n_rb).max(1);
         let ranks = p
             .dcp
             .ranks()
@@ -90,15 +120,14 @@ impl Variant for Ps1 {
                 // Both schedulers end in `assemble`, which checks SPEC's invariants.
                 match case.ps1_schedule {
                     Ps1Schedule::Payload => {
-                        build_worklist(&case.key(), &lens, &qo, case.cus, KV_GRANULARITY, MAX_SPLITS)
+                        build_worklist(&case.key(), &lens, &qo, num_ctas, KV_GRANULARITY, MAX_SPLITS)
                     }
                     Ps1Schedule::Balanced => {
                         let opts = BalanceOptions {
-                            num_ctas: case.cus,
+                            num_ctas,
                             granularity: KV_GRANULARITY,
                             max_splits: MAX_SPLITS,
-                            // One unit: the tokens a pass of all consumer groups covers.
-                            unit_tokens: shape.bn * shape.groups,
+                            unit_tokens,
                             overhead_tokens: BALANCED_OVERHEAD_TOKENS,
                         };
                         build_balanced(&case.key(), &lens, &qo, &opts)
@@ -106,11 +135,24 @@ impl Variant for Ps1 {
                 }
             })
             .collect::<Result<Vec<_>, PlanError>>()?;
-        Ok(Plan::new(Ps1Plan { kernel_heads, ranks }))
+        Ok(Plan::new(Ps1Plan {
+            kernel_heads,
+            core,
+            core_reason,
+            n_rb,
+            ranks,
+        }))
     }
 
     fn summary(&self, plan: &Plan) -> String {
-        let Some(Ps1Plan { kernel_heads, ranks }) = plan.of::<Ps1Plan>() else {
+        let Some(Ps1Plan {
+            kernel_heads,
+            core,
+            n_rb,
+            ranks,
+            ..
+        }) = plan.of::<Ps1Plan>()
+        else {
             return String::new();
         };
         let items: usize = ranks.iter().map(|w| w.items.len()).sum();
@@ -121,15 +163,29 @@ impl Variant for Ps1 {
             .first()
             .map(|w| format!(" schedule={}", w.schedule))
             .unwrap_or_default();
+        let groups = match core {
+            Core::Wg => format!(" row-blocks={n_rb}"),
+            Core::Mma { .. } => String::new(),
+        };
         format!(
-            "h{kernel_heads} items={items} split-seqs={parts} ctas={} busy={busy}{schedule}",
+            "h{kernel_heads} core={} items={items} split-seqs={parts} ctas={}{groups} busy={busy}{schedule}",
+            core.name(),
             ranks.first().map(|w| w.num_ctas).unwrap_or(0)
         )
     }
 
     fn details(&self, plan: &Plan, items: bool) -> Vec<String> {
         let Some(p) = plan.of::<Ps1Plan>() else { return vec![] };
-        let mut out = Vec::new();
+        let mut out = vec![match p.core {
+            Core::Wg => format!(
+                "core wg ({}): {} row blocks of {} per item; CTA g*{} + rb runs row block rb of group g's items",
+                p.core_reason,
+                p.n_rb,
+                kernel::WG_ROWS,
+                p.n_rb
+            ),
+            Core::Mma { mt } => format!("core mma ({}): {} rows per pass", p.core_reason, 16 * mt),
+        }];
         for (r, wl) in p.ranks.iter().enumerate() {
             let per_cta: Vec<i32> = wl.work_indptr.windows(2).map(|w| w[1] - w[0]).collect();
             out.push(format!(
@@ -162,6 +218,13 @@ impl Variant for Ps1 {
         }
     }
 
+    fn tensor_mix(&self, job: &Job) -> MmaMix {
+        match job.plan.of::<Ps1Plan>() {
+            Some(p) => kernel::tensor_mix(p.core, job.case.mla().is_some_and(|m| m.dtype == Dtype::Fp8)),
+            None => MmaMix::one(MmaKind::MmaSyncBf16),
+        }
+    }
+
     fn edges(&self, case: &Case, plan: Option<&Plan>) -> BTreeSet<Edge> {
         let (Some(p), Some(plan)) = (case.mla(), plan.and_then(|p| p.of::<Ps1Plan>())) else {
             return BTreeSet::new();
@@ -184,13 +247,19 @@ impl Variant for Ps1 {
     }
 
     fn all_kernels(&self) -> Vec<KernelSpec> {
-        kernel::every_shape(spec)
+        kernel::every_shape(spec, spec_wg)
     }
 
     fn kernels(&self, case: &Case, d: &Decision) -> Vec<KernelSpec> {
         match (case.mla(), &d.skip) {
             (Some(p), None) => heads::kernel_heads(p.heads(), p.s_q)
-                .map(|hk| vec![spec(hk, p.dtype == Dtype::Fp8, kernel::mla_mt(hk, p.s_q))])
+                .map(|hk| {
+                    let fp8 = p.dtype == Dtype::Fp8;
+                    vec![match kernel::mla_core(hk, p.s_q, fp8).0 {
+                        Core::Wg => spec_wg(hk),
+                        Core::Mma { mt } => spec(hk, fp8, mt),
+                    }]
+                })
                 .unwrap_or_default(),
             _ => vec![],
         }
@@ -271,10 +340,14 @@ impl Variant for Ps1 {
             return Err("ps1 was handed another variant's plan or workload".into());
         };
         let (hk, fp8) = (plan.kernel_heads, w.p.dtype == Dtype::Fp8);
-        let mt = kernel::mla_mt(hk, w.p.s_q);
-        let k = spec(hk, fp8, mt);
-        let shape = kernel::mla_shape(fp8, mt);
-        let smem = kernel::mla_smem(fp8, mt, shape);
+        let k = plan_spec(plan, fp8);
+        let (block, smem, ctas_per_group) = match plan.core {
+            Core::Wg => (kernel::WG_THREADS, kernel::wg_smem(), plan.n_rb),
+            Core::Mma { mt } => {
+                let shape = kernel::mla_shape(fp8, mt);
+                (32 * shape.warps as u32, kernel::mla_smem(fp8, mt, shape), 1)
+            }
+        };
         let mut programs = Vec::with_capacity(plan.ranks.len());
         for (r, wl) in plan.ranks.iter().enumerate() {
             let mut p = Program::default();
@@ -290,8 +363,8 @@ impl Variant for Ps1 {
             p.calls.push(Call {
                 kernel: k.clone(),
                 entry: "ps1_fwd",
-                grid: (wl.num_ctas as u32, 1, 1),
-                block: 32 * shape.warps as u32,
+                grid: ((wl.num_ctas * ctas_per_group) as u32, 1, 1),
+                block,
                 smem: Smem::Fixed(smem),
                 args: vec![
                     Arg::Buf(b.q),
@@ -309,6 +382,7 @@ impl Variant for Ps1 {
                 .into_iter()
                 .chain(mla::program::rank_args(&w.p, r))
                 .chain([Arg::Buf(b.o), Arg::Buf(b.lse), Arg::Buf(part_o), Arg::Buf(part_lse)])
+                .chain((plan.core == Core::Wg).then_some(Arg::I32(plan.n_rb as i32)))
                 .collect(),
                 second: false,
                 dependent: false,
@@ -334,5 +408,76 @@ impl Variant for Ps1 {
             programs.push(p);
         }
         Ok(programs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workload;
+
+    fn case(toml: &str) -> Case {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.toml");
+        std::fs::write(&path, toml).unwrap();
+        let sc = crate::scenario::load(&path).unwrap();
+        crate::scenario::expand(&sc).cases.remove(0)
+    }
+
+    /// The forward call of a planned case: its grid, block and last argument.
+    fn forward(c: &Case) -> (Ps1Plan, (u32, u32, u32), u32, Option<i32>) {
+        let d = Ps1.decide(c);
+        let plan = Ps1.plan(c, &d, None).unwrap();
+        let wl = workload::build(c).unwrap();
+        let job = Job {
+            case: c,
+            workload: &wl,
+            plan: &plan,
+            rows: &[],
+        };
+        let progs = Ps1.programs(&job).unwrap();
+        let call = &progs[0].calls[0];
+        let last = match call.args.last() {
+            Some(Arg::I32(v)) => Some(*v),
+            _ => None,
+        };
+        let p = plan.of::<Ps1Plan>().unwrap();
+        let copy = Ps1Plan {
+            kernel_heads: p.kernel_heads,
+            core: p.core,
+            core_reason: p.core_reason.clone(),
+            n_rb: p.n_rb,
+            ranks: p.ranks.clone(),
+        };
+        (copy, call.grid, call.block, last)
+    }
+
+    #[test]
+    fn verify_rows_run_on_the_wgmma_core_in_groups_of_row_blocks() {
+        let c = case(
+            "[[mla]]\nbatch = 4\ncontext = 300\nheads_local = 96\ns_q = 8\nvariants = [\"ps1\"]\ndtype = \"bf16\"\n",
+        );
+        let (p, grid, block, last) = forward(&c);
+        assert_eq!(p.core, Core::Wg, "{}", p.core_reason);
+        assert_eq!(p.n_rb, 12); // 96 x 8 rows in blocks of 64
+        assert_eq!(p.ranks[0].num_ctas, c.cus / 12);
+        assert_eq!(grid, ((c.cus / 12 * 12) as u32, 1, 1));
+        assert_eq!(block, kernel::WG_THREADS);
+        assert_eq!(last, Some(12), "ps1_wg's n_rb argument");
+        assert_eq!(plan_spec(&p, false).file, "ps1_wg.cu");
+    }
+
+    #[test]
+    fn decode_rows_and_fp8_stay_on_the_mma_core() {
+        for toml in [
+            "[[mla]]\nbatch = 2\ncontext = 64\nheads_local = 16\nvariants = [\"ps1\"]\ndtype = \"bf16\"\n",
+            "[[mla]]\nbatch = 2\ncontext = 64\nheads_local = 128\nvariants = [\"ps1\"]\ndtype = \"fp8\"\n",
+        ] {
+            let c = case(toml);
+            let (p, grid, _, last) = forward(&c);
+            assert!(matches!(p.core, Core::Mma { .. }), "{}", p.core_reason);
+            assert_eq!(grid.0 as usize, p.ranks[0].num_ctas);
+            assert_eq!(last, None, "the mma core's ps1_fwd ends at part_lse");
+        }
     }
 }

@@ -1,0 +1,563 @@
+// The compute-bound MLA decode core (rows = heads x s_q >= 64), shared by
+// ps1_wg.cu and page64_wg.cu: one CTA computes softmax(Q K^T) V for a block
+// of 64 query rows over a token range, on bf16 wgmma.
+//
+// Why this shape: at 64+ rows per KV token MLA decode is bound by the tensor
+// cores, and the mma.sync core (mla_core.cuh) makes one pass per 16-32 rows
+// with small MMAs. Here 64 rows share every K/V tile, both products run on
+// wgmma (64 rows per warpgroup instruction), and O (64 x 512 f32) is split
+// over two consumer warpgroups by output dims: warpgroup w holds O[:, 256w,
+// +256) in 128 registers per thread.
+//
+// Schedule ("seesaw", after FlashMLA's SM90 decode kernel): tiles of 64
+// tokens come in pairs; tile 2p lives in buffer 0, tile 2p+1 in buffer 1.
+// WG0 computes S0 = Q K0^T, WG1 S1 = Q K1^T, at the same time. WG0 soft-maxes
+// S0 against the running max m, publishes m0 and its rescale, and starts
+// O_L += P0 V0L while WG1 soft-maxes S1 against m0 and starts O_R += P1 V1R.
+// Then each takes the other's P through shared memory: WG1 O_R += (P0 *
+// scale1) V0R, WG0 O_L = O_L * scale1 + P1 V1L, and issues the next pair's
+// Q K^T behind it. One warpgroup's softmax runs while the other's MMAs
+// keep the tensor cores busy. P is stored in the tile's rope block (dims
+// 512..575), free once that tile's Q K^T is done, so two 72 KB tiles and
+// Q fit in shared memory.
+//
+// A third, producer warpgroup issues every cp.async (Q and the tiles,
+// 128-byte swizzled as wgmma reads them) and completes them on mbarriers
+// (common/mbarrier.cuh): consumers never wait on their own loads, and a
+// freed buffer is refilled while the other is computed. setmaxnreg moves
+// registers from the producer to the consumers.
+//
+// Defines: HK (kernel heads), KV_FP8 (must be 0: the fp8 core is not built).
+#pragma once
+#include <cuda_bf16.h>
+
+#include "common/mbarrier.cuh"
+#include "common/mla_dims.cuh"
+#include "common/ptx.cuh"
+#include "common/wgmma_bf16.cuh"
+
+#ifndef HK
+#error "define HK: kernel heads, a multiple of 16 from 16 to 128"
+#endif
+#ifndef KV_FP8
+#define KV_FP8 0
+#endif
+static_assert(!KV_FP8, "the wgmma core runs bf16 Q and KV");
+static_assert(HK % 16 == 0 && HK >= 16 && HK <= 128, "HK must be a multiple of 16 in 16..128");
+
+namespace mla {
+namespace wg {
+
+constexpr int THREADS = 384;               // WG0, WG1 (consumers), WG2 (producer)
+constexpr int BM = 64;                     // query rows per CTA
+constexpr int BN = 64;                     // tokens per tile
+constexpr int CB = 8192;                   // one 64-dim column block: 64 rows x 128 B
+constexpr int NCB = D_QK / 64;             // 9 column blocks per row (8 of V, 1 of rope)
+constexpr int TILE = NCB * CB;             // 73728
+constexpr int OFF_Q = 0;
+constexpr int OFF_BUF = TILE;              // buffer b at OFF_BUF + b * TILE
+constexpr int OFF_M = 3 * TILE;            // running max per row (f32)
+constexpr int OFF_SC0 = OFF_M + BM * 4;    // WG0's rescale of the pair
+constexpr int OFF_SC1 = OFF_SC0 + BM * 4;  // WG1's rescale of the pair
+constexpr int OFF_L = OFF_SC1 + BM * 4;    // both warpgroups' row sums at the end
+constexpr int OFF_BAR = OFF_L + 2 * BM * 4;
+constexpr int BAR_FULL = 0;                // [2][NCB]: column block of a buffer landed
+constexpr int BAR_EMPTY = 2 * NCB;         // [2][2]: a buffer's first / second group of blocks is free
+constexpr int BAR_QFULL = BAR_EMPTY + 4;
+constexpr int BAR_QEMPTY = BAR_QFULL + 1;
+constexpr int N_BARS = BAR_QEMPTY + 1;
+constexpr int SMEM_BYTES = OFF_BAR + N_BARS * 8 + 1024;  // + slack to align the base to 1024
+static_assert(SMEM_BYTES <= 232448, "fits the sm_90 opt-in shared memory");
+
+// Named barriers between the two consumer warpgroups (256 threads).
+constexpr int NB_SCALE0 = 1, NB_SCALE1 = 2, NB_P0 = 3, NB_P1 = 4, NB_L = 5;
+constexpr int CONSUMERS = 256;
+
+// wgmma descriptor of V as the MN-major B operand: rows of 128 bytes (64
+// dims) per token, swizzled as the K-major tile; 8 tokens per 1024-byte atom
+// (SBO), the next 64 dims one column block further (LBO).
+__device__ __forceinline__ unsigned long long desc_v(unsigned addr) {
+  return static_cast<unsigned long long>((addr >> 4) & 0x3FFFu) | (static_cast<unsigned long long>(CB >> 4) << 16) |
+         (64ull << 32) | (1ull << 62);
+}
+
+// The order a buffer's column blocks are loaded and multiplied in: the
+// group its consumers free first (the V half of the first P V on it) comes
+// first, so its refill starts while the other group is still being read.
+// Buffer 0: V0L (blocks 0-3) is freed by WG0's P0 V0L, then 4-8 by WG1's
+// P0 V0R (block 8 holds P0). Buffer 1: V1R (4-7) by WG1's P1 V1R, then 0-3
+// and 8 (P1) by WG0's P1 V1L.
+constexpr int GROUP_A = 4;  // blocks in the first group
+__host__ __device__ constexpr int block_at(int b, int i) { return b == 0 || i == 8 ? i : (i < 4 ? i + 4 : i - 4); }
+__device__ __forceinline__ unsigned empty_bar(unsigned bars, int b, int g) { return bars + 8 * (BAR_EMPTY + 2 * b + g); }
+
+// One 64-row block over tokens [t0, t_end) of one sequence. Row r's mask
+// limit and output row come from the caller's Rows (lim(r), o_row(r)).
+struct Pass {
+  long long q_row0;  // first Q row ([*, 576])
+  int nrows;         // real rows, 1..64
+  int t0, t_end;     // tokens streamed
+  const int* idx;    // the sequence's pool entries (token rows or pages)
+};
+
+// Loads and pairs issued so far: every role counts them the same way, so
+// each knows the parity of every barrier phase.
+struct Phase {
+  unsigned items = 0;
+  unsigned pairs = 0;
+};
+
+__device__ __forceinline__ int n_pairs(const Pass& ps) {
+  const int n = ps.t_end - ps.t0;
+  return n > 0 ? (n + 2 * BN - 1) / (2 * BN) : 0;
+}
+
+// The warpgroup index, through a shuffle so the compiler knows it is
+// warp-uniform: wgmma behind a branch it thinks divergent gets serialised.
+__device__ __forceinline__ int warpgroup() { return __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x >> 7), 0); }
+
+// Stops a launch whose dynamic shared memory or block disagrees with the layout.
+__device__ __forceinline__ void check_launch() {
+  unsigned dyn;
+  asm volatile("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(dyn));
+  if (dyn < static_cast<unsigned>(SMEM_BYTES) || blockDim.x != THREADS) __trap();
+}
+
+// The 1024-byte aligned base of the layout; thread 0 initialises the barriers.
+__device__ __forceinline__ unsigned setup(unsigned char* smem) {
+  const unsigned base = (smem_u32(smem) + 1023u) & ~1023u;
+  if (threadIdx.x == 0) {
+    const unsigned bars = base + OFF_BAR;
+    for (int i = 0; i < 2 * NCB; ++i) mbar_init(bars + 8 * (BAR_FULL + i), 128);
+    for (int i = 0; i < 4; ++i) mbar_init(bars + 8 * (BAR_EMPTY + i), 4);
+    mbar_init(bars + 8 * BAR_QFULL, 128);
+    mbar_init(bars + 8 * BAR_QEMPTY, 8);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  return base;
+}
+
+// 32-bit shared-memory accesses: the consumers are at their register limit,
+// and generic pointers cost two registers each.
+__device__ __forceinline__ float lds_f32(unsigned a) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(a) : "memory");
+  return v;
+}
+__device__ __forceinline__ void sts_f32(unsigned a, float v) {
+  asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(a), "f"(v) : "memory");
+}
+__device__ __forceinline__ void sts_u32(unsigned a, unsigned v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a), "r"(v) : "memory");
+}
+
+// Producer (warpgroup 2): Q, then both buffers of every pair. Thread p copies
+// 16-byte chunk p%8 of each 128-byte line for rows / tokens p/8 + 16k.
+template <int PAGE>
+__device__ void produce(unsigned base, const Pass& ps, Phase& ph, const unsigned char* __restrict__ q,
+                        const unsigned char* __restrict__ kv) {
+  const int p = threadIdx.x - 2 * 128;
+  const int l8 = p & 7, tg = p >> 3;
+  const unsigned bars = base + OFF_BAR;
+  mbar_wait(bars + 8 * BAR_QEMPTY, (ph.items & 1) ^ 1);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int r = tg + 16 * k;
+    const bool ok = r < ps.nrows;
+    const unsigned char* src = q + (ps.q_row0 + (ok ? r : 0)) * (D_QK * 2) + l8 * 16;
+    const unsigned dst = base + OFF_Q + r * 128 + ((l8 ^ (r & 7)) << 4);
+#pragma unroll
+    for (int c = 0; c < NCB; ++c) cp_async16(dst + c * CB, src + c * 128, ok);
+  }
+  mbar_arrive_cp_async(bars + 8 * BAR_QFULL);
+  const int np = n_pairs(ps);
+  for (int pr = 0; pr < np; ++pr, ++ph.pairs) {
+    // In the order the consumers free them: 0A, 1A, 0B, 1B.
+#pragma unroll
+    for (int step = 0; step < 4; ++step) {
+      const int b = step & 1, g = step >> 1;
+      // Pool rows of this thread's 4 tokens (-1: past the range), read
+      // before the wait; the second group reads them again from L1.
+      const int tb = ps.t0 + (2 * pr + b) * BN;
+      int e[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int t = tg + 16 * k;
+        e[k] = -1;
+        if (tb + t < ps.t_end) e[k] = PAGE == 1 ? __ldg(ps.idx + tb + t) : __ldg(ps.idx + (tb >> 6)) * 64 + t;
+      }
+      mbar_wait(empty_bar(bars, b, g), (ph.pairs & 1) ^ 1);
+      const unsigned buf = base + OFF_BUF + b * TILE;
+#pragma unroll
+      for (int i = g ? GROUP_A : 0; i < (g ? NCB : GROUP_A); ++i) {
+        const int c = block_at(b, i);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const int t = tg + 16 * k;
+          const unsigned char* src = kv + static_cast<long long>(max(e[k], 0)) * (D_QK * 2) + c * 128 + l8 * 16;
+          cp_async16(buf + c * CB + t * 128 + ((l8 ^ (t & 7)) << 4), src, e[k] >= 0);
+        }
+        mbar_arrive_cp_async(bars + 8 * (BAR_FULL + b * NCB + c));
+      }
+    }
+  }
+  ++ph.items;
+}
+
+// Hides two addresses from the optimiser, so the descriptors derived from
+// them are computed at each use (one add) instead of hoisted out of the
+// loop, where 36 k-steps' worth took 144 registers and spilled.
+__device__ __forceinline__ void opaque(unsigned& a, unsigned& b) { asm volatile("" : "+r"(a), "+r"(b)); }
+
+// S = Q K^T of the tile in `buf`, column block by column block as each lands.
+template <int B>
+__device__ __forceinline__ void qk(float (&s)[32], unsigned base, unsigned parity) {
+  unsigned qa = base + OFF_Q, buf = base + OFF_BUF + B * TILE;
+  opaque(qa, buf);
+  const unsigned full = base + OFF_BAR + 8 * (BAR_FULL + B * NCB);
+  wgmma_fence();
+#pragma unroll
+  for (int i = 0; i < NCB; ++i) {
+    const int c = block_at(B, i);
+    mbar_wait(full + 8 * c, parity);
+    fence_proxy_async();  // the copies landed through the generic proxy; wgmma reads through the async one
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      wgmma_bf16_n64(s, gmma_desc_sw128(qa + c * CB + kk * 32), gmma_desc_sw128(buf + c * CB + kk * 32), i | kk);
+    }
+  }
+  wgmma_commit();
+}
+
+// O += P V over one tile's 256 output dims at `v` (P from registers).
+__device__ __forceinline__ void pv_rs(float (&o)[128], const unsigned (&pa)[4][4], unsigned v) {
+  unsigned dummy = 0;
+  opaque(v, dummy);
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) wgmma_bf16_n256_rs(o, pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3], desc_v(v + kk * 2048));
+}
+// O += P V with P from shared memory at `sp` (64 rows x 64 tokens, K-major).
+__device__ __forceinline__ void pv_ss(float (&o)[128], unsigned sp, unsigned v) {
+  opaque(sp, v);
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) wgmma_bf16_n256_ss(o, gmma_desc_sw128(sp + kk * 32), desc_v(v + kk * 2048));
+}
+
+// Masks columns at or past each row's limit (only when the tile reaches one).
+__device__ __forceinline__ void mask(float (&s)[32], int tb, int c, int lim0, int lim1) {
+  if (tb + BN <= min(lim0, lim1)) return;
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int t = tb + 8 * i + 2 * c + e;
+      if (t >= lim0) s[4 * i + e] = ninf();
+      if (t >= lim1) s[4 * i + 2 + e] = ninf();
+    }
+}
+
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+// Row maxima of this thread's two rows, in the exp2 domain.
+__device__ __forceinline__ void row_max(const float (&s)[32], float scale_log2, float& mx0, float& mx1) {
+  mx0 = ninf();
+  mx1 = ninf();
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    mx0 = fmaxf(mx0, fmaxf(s[4 * i], s[4 * i + 1]));
+    mx1 = fmaxf(mx1, fmaxf(s[4 * i + 2], s[4 * i + 3]));
+  }
+  mx0 = quad_max(mx0) * scale_log2;
+  mx1 = quad_max(mx1) * scale_log2;
+}
+
+// s <- exp2(s * scale_log2 - m) per row (m = -inf counts as 0: a row with
+// nothing visible yet stays 0, never NaN); returns the rows' partial sums and
+// packs P as the A fragments of the 4 k-steps of P V.
+__device__ __forceinline__ void exp_rows(float (&s)[32], float scale_log2, float m0, float m1, float& sum0, float& sum1,
+                                         unsigned (&pa)[4][4]) {
+  const float u0 = m0 == ninf() ? 0.f : m0, u1 = m1 == ninf() ? 0.f : m1;
+  sum0 = 0.f;
+  sum1 = 0.f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    s[4 * i] = exp2f(fmaf(s[4 * i], scale_log2, -u0));
+    s[4 * i + 1] = exp2f(fmaf(s[4 * i + 1], scale_log2, -u0));
+    s[4 * i + 2] = exp2f(fmaf(s[4 * i + 2], scale_log2, -u1));
+    s[4 * i + 3] = exp2f(fmaf(s[4 * i + 3], scale_log2, -u1));
+    sum0 += s[4 * i] + s[4 * i + 1];
+    sum1 += s[4 * i + 2] + s[4 * i + 3];
+  }
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    pa[kk][0] = pack_bf16x2(s[8 * kk], s[8 * kk + 1]);
+    pa[kk][1] = pack_bf16x2(s[8 * kk + 2], s[8 * kk + 3]);
+    pa[kk][2] = pack_bf16x2(s[8 * kk + 4], s[8 * kk + 5]);
+    pa[kk][3] = pack_bf16x2(s[8 * kk + 6], s[8 * kk + 7]);
+  }
+}
+
+__device__ __forceinline__ float exp2_diff(float m_old, float m_new) {
+  return exp2f(m_old - (m_new == ninf() ? 0.f : m_new));
+}
+
+__device__ __forceinline__ void scale_rows(float (&o)[128], float f0, float f1) {
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    o[4 * i] *= f0;
+    o[4 * i + 1] *= f0;
+    o[4 * i + 2] *= f1;
+    o[4 * i + 3] *= f1;
+  }
+}
+
+// P (A-fragment order) to shared memory as the K-major 64 x 64 operand:
+// row r's 16-byte chunk i at chunk i ^ (r % 8).
+// (r0 % 8 == r1 % 8, so both rows share the swizzle.)
+__device__ __forceinline__ unsigned p_addr(unsigned sp, int r0, int c, int i) {
+  return sp + r0 * 128 + ((i ^ (r0 & 7)) << 4) + 4 * c;
+}
+__device__ __forceinline__ void store_p(unsigned sp, int r0, int c, const unsigned (&pa)[4][4]) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const unsigned a = p_addr(sp, r0, c, 2 * kk + h);
+      sts_u32(a, pa[kk][2 * h]);
+      sts_u32(a + 8 * 128, pa[kk][2 * h + 1]);
+    }
+}
+
+// One consumer thread's state over a pass: its rows, O slice, S / P tile and
+// row sums, and the shared-memory addresses of the seesaw.
+struct Consumer {
+  int c, lane, r0, r1, lim0, lim1;
+  unsigned base, bars, buf0, buf1;
+  unsigned sm, sc0, sc1, sp0, sp1;  // shared addresses; sm/sc0/sc1 point at row r0
+  float scale_log2;
+  float acc[128];
+  float s[32];
+  unsigned pa[4][4];
+  float l0, l1;
+
+  // This warpgroup's softmax inputs: S masked, row maxima in the exp2 domain.
+  __device__ __forceinline__ void maxima(int tb, float& mx0, float& mx1) {
+    mask(s, tb, c, lim0, lim1);
+    row_max(s, scale_log2, mx0, mx1);
+  }
+
+  // WG0, pair pr (tile tb in buffer 0): softmax against the running max,
+  // O_L += P0 V0L, P0 * scale1 to WG1, O_L = O_L * scale1 + P1 V1L, and with
+  // MORE the next pair's S0 behind it.
+  template <bool MORE>
+  __device__ __forceinline__ void pair0(int pr, int tb, unsigned next_parity) {
+    float mx0, mx1, sum0, sum1;
+    maxima(tb, mx0, mx1);
+    // The running max: none before the first pair, else WG1's of the last.
+    const float mo0 = pr ? lds_f32(sm) : ninf(), mo1 = pr ? lds_f32(sm + 32) : ninf();
+    const float mn0 = fmaxf(mo0, mx0), mn1 = fmaxf(mo1, mx1);
+    const float f0 = exp2_diff(mo0, mn0), f1 = exp2_diff(mo1, mn1);
+    __syncwarp();
+    if (c == 0) {
+      sts_f32(sm, mn0);
+      sts_f32(sm + 32, mn1);
+      sts_f32(sc0, f0);
+      sts_f32(sc0 + 32, f1);
+    }
+    nbar_arrive(NB_SCALE0, CONSUMERS);  // WG1's softmax needs only m0 and scale0
+    exp_rows(s, scale_log2, mn0, mn1, sum0, sum1, pa);
+    scale_rows(acc, f0, f1);
+    l0 = l0 * f0 + sum0;
+    l1 = l1 * f1 + sum1;
+    wgmma_fence();
+    pv_rs(acc, pa, buf0);  // O_L += P0 V0L
+    wgmma_commit();
+    nbar_sync(NB_SCALE1, CONSUMERS);
+    const float g0 = lds_f32(sc1), g1 = lds_f32(sc1 + 32);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {  // P0 * scale1, row r0 and r1 of n8 tile i
+      const unsigned a = p_addr(sp0, r0, c, i);
+      sts_u32(a, pack_bf16x2(s[4 * i] * g0, s[4 * i + 1] * g0));
+      sts_u32(a + 8 * 128, pack_bf16x2(s[4 * i + 2] * g1, s[4 * i + 3] * g1));
+    }
+    fence_proxy_async();
+    nbar_arrive(NB_P0, CONSUMERS);
+    wgmma_wait<0>();
+    if (lane == 0) mbar_arrive(empty_bar(bars, 0, 0));  // V0L
+    nbar_sync(NB_P1, CONSUMERS);
+    scale_rows(acc, g0, g1);
+    l0 *= g0;
+    l1 *= g1;
+    wgmma_fence();
+    pv_ss(acc, sp1, buf1);  // O_L += P1 V1L
+    wgmma_commit();
+    if constexpr (MORE) {
+      qk<0>(s, base, next_parity);
+      wgmma_wait<1>();
+      if (lane == 0) mbar_arrive(empty_bar(bars, 1, 1));  // V1L and P1
+      wgmma_wait<0>();
+    } else {
+      wgmma_wait<0>();
+      if (lane == 0) mbar_arrive(empty_bar(bars, 1, 1));
+    }
+  }
+
+  // WG1, pair pr (tile tb in buffer 1): softmax against WG0's max m0,
+  // O_R = O_R * scale0 * scale1 + P1 V1R, P1 to WG0, O_R += (P0 scale1) V0R,
+  // and with MORE the next pair's S1.
+  template <bool MORE>
+  __device__ __forceinline__ void pair1(int tb, unsigned next_parity) {
+    float mx0, mx1, sum0, sum1;
+    maxima(tb, mx0, mx1);
+    nbar_sync(NB_SCALE0, CONSUMERS);
+    const float m00 = lds_f32(sm), m01 = lds_f32(sm + 32);
+    const float f0 = lds_f32(sc0), f1 = lds_f32(sc0 + 32);
+    const float mn0 = fmaxf(m00, mx0), mn1 = fmaxf(m01, mx1);
+    const float g0 = exp2_diff(m00, mn0), g1 = exp2_diff(m01, mn1);
+    __syncwarp();
+    if (c == 0) {
+      sts_f32(sm, mn0);
+      sts_f32(sm + 32, mn1);
+      sts_f32(sc1, g0);
+      sts_f32(sc1 + 32, g1);
+    }
+    nbar_arrive(NB_SCALE1, CONSUMERS);
+    exp_rows(s, scale_log2, mn0, mn1, sum0, sum1, pa);
+    store_p(sp1, r0, c, pa);
+    fence_proxy_async();
+    nbar_arrive(NB_P1, CONSUMERS);
+    scale_rows(acc, f0 * g0, f1 * g1);
+    l0 = l0 * (f0 * g0) + sum0;
+    l1 = l1 * (f1 * g1) + sum1;
+    wgmma_fence();
+    pv_rs(acc, pa, buf1 + 4 * CB);  // O_R += P1 V1R
+    wgmma_commit();
+    nbar_sync(NB_P0, CONSUMERS);
+    pv_ss(acc, sp0, buf0 + 4 * CB);  // O_R += (P0 scale1) V0R
+    wgmma_commit();
+    wgmma_wait<1>();
+    if (lane == 0) mbar_arrive(empty_bar(bars, 1, 0));  // V1R
+    wgmma_wait<0>();
+    if (lane == 0) mbar_arrive(empty_bar(bars, 0, 1));  // V0R and P0
+    if constexpr (MORE) {
+      qk<1>(s, base, next_parity);
+      wgmma_wait<0>();
+    }
+  }
+};
+
+// Consumers (warpgroups 0 and 1): the seesaw over the pass's pairs, then
+// this warpgroup's 256 output dims. `rows.lim(r)` is row r's token limit
+// (<= t0 for rows past nrows), `rows.o_row(r)` its output / LSE row.
+template <class Rows>
+__device__ void consume(unsigned char* smem, unsigned base, const Pass& ps, const Rows& rows, Phase& ph,
+                        float scale_log2, float out_scale, bool to_part, __nv_bfloat16* __restrict__ o,
+                        float* __restrict__ part_o, float* __restrict__ lse) {
+  const int wgi = warpgroup();
+  const int t = threadIdx.x & 127, warp = t >> 5;
+  Consumer cs;
+  cs.lane = t & 31;
+  cs.c = cs.lane & 3;
+  cs.r0 = 16 * warp + (cs.lane >> 2);
+  cs.r1 = cs.r0 + 8;
+  cs.lim0 = rows.lim(cs.r0);
+  cs.lim1 = rows.lim(cs.r1);
+  cs.base = base;
+  cs.bars = base + OFF_BAR;
+  cs.buf0 = base + OFF_BUF;
+  cs.buf1 = cs.buf0 + TILE;
+  cs.sm = base + OFF_M + 4 * cs.r0;
+  cs.sc0 = base + OFF_SC0 + 4 * cs.r0;
+  cs.sc1 = base + OFF_SC1 + 4 * cs.r0;
+  cs.sp0 = base + OFF_BUF + (NCB - 1) * CB;
+  cs.sp1 = cs.sp0 + TILE;
+  cs.scale_log2 = scale_log2;
+  cs.l0 = 0.f;
+  cs.l1 = 0.f;
+#pragma unroll
+  for (int i = 0; i < 128; ++i) cs.acc[i] = 0.f;
+  const int c = cs.c, r0 = cs.r0, r1 = cs.r1;
+  const unsigned bars = cs.bars;
+  const unsigned sl = base + OFF_L;
+  const int np = n_pairs(ps), nrows = ps.nrows, t0 = ps.t0;
+  const long long o0 = rows.o_row(r0), o1 = rows.o_row(r1);  // now, so Rows need not stay live
+
+  mbar_wait(bars + 8 * BAR_QFULL, ph.items & 1);
+  if (np > 0) {
+    if (wgi == 0) {
+      qk<0>(cs.s, base, ph.pairs & 1);
+    } else {
+      qk<1>(cs.s, base, ph.pairs & 1);
+    }
+    wgmma_wait<0>();
+    if (wgi == 0) {
+      for (int pr = 0; pr + 1 < np; ++pr) cs.pair0<true>(pr, t0 + 2 * pr * BN, (ph.pairs + pr + 1) & 1);
+      cs.pair0<false>(np - 1, t0 + 2 * (np - 1) * BN, 0);
+    } else {
+      for (int pr = 0; pr + 1 < np; ++pr) cs.pair1<true>(t0 + (2 * pr + 1) * BN, (ph.pairs + pr + 1) & 1);
+      cs.pair1<false>(t0 + (2 * np - 1) * BN, 0);
+    }
+  }
+  ph.pairs += np;
+  if (cs.lane == 0) mbar_arrive(bars + 8 * BAR_QEMPTY);
+  ++ph.items;
+
+  // l over the quad, then over both warpgroups (each summed its own tiles).
+  float l0 = cs.l0, l1 = cs.l1;
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  if (c == 0) {
+    sts_f32(sl + 4 * (wgi * BM + r0), l0);
+    sts_f32(sl + 4 * (wgi * BM + r1), l1);
+  }
+  const float m0 = lds_f32(cs.sm), m1 = lds_f32(cs.sm + 32);  // stale when np == 0, but then L == 0
+  nbar_sync(NB_L, CONSUMERS);
+  const float L0 = lds_f32(sl + 4 * r0) + lds_f32(sl + 4 * (BM + r0));
+  const float L1 = lds_f32(sl + 4 * r1) + lds_f32(sl + 4 * (BM + r1));
+  const bool v0 = r0 < nrows, v1 = r1 < nrows;
+  if (wgi == 0 && c == 0) {
+    if (v0) lse[o0] = L0 > 0.f ? (m0 + log2f(L0)) * LN2 : ninf();
+    if (v1) lse[o1] = L1 > 0.f ? (m1 + log2f(L1)) * LN2 : ninf();
+  }
+  const float i0 = L0 > 0.f ? out_scale / L0 : 0.f, i1 = L1 > 0.f ? out_scale / L1 : 0.f;
+  const int d0 = 256 * wgi + 2 * c;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const int d = d0 + 8 * i;
+    const float* a = cs.acc + 4 * i;
+    if (to_part) {
+      if (v0) *reinterpret_cast<float2*>(part_o + o0 * D_V + d) = make_float2(a[0] * i0, a[1] * i0);
+      if (v1) *reinterpret_cast<float2*>(part_o + o1 * D_V + d) = make_float2(a[2] * i1, a[3] * i1);
+    } else {
+      if (v0) *reinterpret_cast<unsigned*>(o + o0 * D_V + d) = pack_bf16x2(a[0] * i0, a[1] * i0);
+      if (v1) *reinterpret_cast<unsigned*>(o + o1 * D_V + d) = pack_bf16x2(a[2] * i1, a[3] * i1);
+    }
+  }
+}
+
+// Role split: the producer gives registers to the consumers (setmaxnreg
+// needs the register cap of __launch_bounds__(THREADS, 1) at entry and one
+// branch per role).
+template <int N>
+__device__ __forceinline__ void regs_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void regs_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+constexpr int CONSUMER_REGS = 216;
+constexpr int PRODUCER_REGS = 72;
+// The CTA keeps the registers it was launched with (ptxas's 168 per thread
+// at 384 threads): an increase beyond what the producer gave back never
+// returns, and the kernel hangs.
+static_assert(2 * 128 * CONSUMER_REGS + 128 * PRODUCER_REGS <= 168 * THREADS, "the launch's registers");
+
+}  // namespace wg
+}  // namespace mla
