@@ -65,6 +65,6 @@ extern "C" __global__ void __launch_bounds__(wg::THREADS, 1)
     wg::produce<64>(base, ps, ph, q, kv);
   } else {
     wg::regs_inc<wg::CONSUMER_REGS>();
-    wg::consume(smem, base, ps, rw, ph, scale_log2, kv_scale, to_part, o, part_o, to_part ? part_lse : lse);
+    wg::consume(base, ps, rw, ph, scale_log2, kv_scale, to_part, o, part_o, to_part ? part_lse : lse);
   }
 }

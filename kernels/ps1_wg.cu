@@ -84,7 +84,7 @@ extern "C" __global__ void __launch_bounds__(wg::THREADS, 1)
       Ps1Rows rw;
       if (!item(w, ps, rw)) continue;
       const bool to_part = __ldg(work_items + 8ll * w + 1) >= 0;
-      wg::consume(smem, base, ps, rw, ph, scale_log2, kv_scale, to_part, o, part_o, to_part ? part_lse : lse);
+      wg::consume(base, ps, rw, ph, scale_log2, kv_scale, to_part, o, part_o, to_part ? part_lse : lse);
     }
   }
 }

@@ -332,6 +332,18 @@ __device__ __forceinline__ void store_p(unsigned sp, int r0, int c, const unsign
     }
 }
 
+// The new running max and this warpgroup's rescale of rows r0 and r0 + 8,
+// written once per quad after all four lanes read the old max.
+__device__ __forceinline__ void publish(unsigned sm, unsigned sc, int c, float m0, float m1, float f0, float f1) {
+  __syncwarp();
+  if (c == 0) {
+    sts_f32(sm, m0);
+    sts_f32(sm + 32, m1);
+    sts_f32(sc, f0);
+    sts_f32(sc + 32, f1);
+  }
+}
+
 // One consumer thread's state over a pass: its rows, O slice, S / P tile and
 // row sums, and the shared-memory addresses of the seesaw.
 struct Consumer {
@@ -361,13 +373,7 @@ struct Consumer {
     const float mo0 = pr ? lds_f32(sm) : ninf(), mo1 = pr ? lds_f32(sm + 32) : ninf();
     const float mn0 = fmaxf(mo0, mx0), mn1 = fmaxf(mo1, mx1);
     const float f0 = exp2_diff(mo0, mn0), f1 = exp2_diff(mo1, mn1);
-    __syncwarp();
-    if (c == 0) {
-      sts_f32(sm, mn0);
-      sts_f32(sm + 32, mn1);
-      sts_f32(sc0, f0);
-      sts_f32(sc0 + 32, f1);
-    }
+    publish(sm, sc0, c, mn0, mn1, f0, f1);
     nbar_arrive(NB_SCALE0, CONSUMERS);  // WG1's softmax needs only m0 and scale0
     exp_rows(s, scale_log2, mn0, mn1, sum0, sum1, pa);
     scale_rows(acc, f0, f1);
@@ -418,13 +424,7 @@ struct Consumer {
     const float f0 = lds_f32(sc0), f1 = lds_f32(sc0 + 32);
     const float mn0 = fmaxf(m00, mx0), mn1 = fmaxf(m01, mx1);
     const float g0 = exp2_diff(m00, mn0), g1 = exp2_diff(m01, mn1);
-    __syncwarp();
-    if (c == 0) {
-      sts_f32(sm, mn0);
-      sts_f32(sm + 32, mn1);
-      sts_f32(sc1, g0);
-      sts_f32(sc1 + 32, g1);
-    }
+    publish(sm, sc1, c, mn0, mn1, g0, g1);
     nbar_arrive(NB_SCALE1, CONSUMERS);
     exp_rows(s, scale_log2, mn0, mn1, sum0, sum1, pa);
     store_p(sp1, r0, c, pa);
@@ -454,7 +454,7 @@ struct Consumer {
 // this warpgroup's 256 output dims. `rows.lim(r)` is row r's token limit
 // (<= t0 for rows past nrows), `rows.o_row(r)` its output / LSE row.
 template <class Rows>
-__device__ void consume(unsigned char* smem, unsigned base, const Pass& ps, const Rows& rows, Phase& ph,
+__device__ void consume(unsigned base, const Pass& ps, const Rows& rows, Phase& ph,
                         float scale_log2, float out_scale, bool to_part, __nv_bfloat16* __restrict__ o,
                         float* __restrict__ part_o, float* __restrict__ lse) {
   const int wgi = warpgroup();

@@ -131,6 +131,9 @@ impl CudaDevice {
     /// keeps it busy for good, and blocking on it would lose the run.
     fn wait_done(&self, what: &str, query: impl Fn() -> sys::CUresult) -> Result<(), BackendError> {
         let (t0, limit) = (Instant::now(), hang_limit());
+        // Timed samples wait here for each event: spin for the first
+        // millisecond, as a blocking wait would, and sleep only after it.
+        let spin = Duration::from_millis(1);
         let mut nap = Duration::from_micros(10);
         loop {
             match query() {
@@ -147,6 +150,10 @@ impl CudaDevice {
                 );
                 let _ = self.lost.set(msg.clone());
                 return Err(BackendError::DeviceLost(msg));
+            }
+            if t0.elapsed() < spin {
+                std::hint::spin_loop();
+                continue;
             }
             std::thread::sleep(nap);
             nap = (nap * 2).min(Duration::from_micros(500));

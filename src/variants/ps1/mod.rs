@@ -46,6 +46,7 @@ static INFO: VariantInfo = VariantInfo {
 /// The plan: the padded width, the core and one work list per DCP rank. On
 /// the wgmma core a work list is cut for `num_ctas` groups of `n_rb` CTAs,
 /// one per 64-row block, which read each KV tile together.
+#[derive(Clone)]
 pub struct Ps1Plan {
     pub kernel_heads: usize,
     pub core: Core,
@@ -441,15 +442,7 @@ mod tests {
             Some(Arg::I32(v)) => Some(*v),
             _ => None,
         };
-        let p = plan.of::<Ps1Plan>().unwrap();
-        let copy = Ps1Plan {
-            kernel_heads: p.kernel_heads,
-            core: p.core,
-            core_reason: p.core_reason.clone(),
-            n_rb: p.n_rb,
-            ranks: p.ranks.clone(),
-        };
-        (copy, call.grid, call.block, last)
+        (plan.of::<Ps1Plan>().unwrap().clone(), call.grid, call.block, last)
     }
 
     #[test]
