@@ -1,7 +1,7 @@
 // page64 on the compute-bound core (common/mla_wg.cuh): non-persistent MLA
 // decode, page size 64, bottom-right mask on local positions, the SPEC's
-// split rule; f32 partials + page64_merge, for rows = HK x s_q >= 64, bf16.
-// ABI: kernels/ABI.md. Defines: HK, KV_FP8 (0).
+// split rule; f32 partials + page64_merge, for rows = HK x s_q >= 64, bf16 or fp8.
+// ABI: kernels/ABI.md. Defines: HK, KV_FP8 (0 bf16, 1 e4m3).
 #include "common/mla_wg.cuh"
 #include "common/page64_merge.cuh"
 #include "common/pdl.cuh"
@@ -59,6 +59,7 @@ extern "C" __global__ void __launch_bounds__(wg::THREADS, 1)
   ps.t0 = t0;
   ps.t_end = max(t0, rw.lim(ps.nrows - 1));
   ps.idx = kv_indices + p0;
+  ps.prefetch = KV_FP8 || gridDim.x > 1;  // fp8, or several row blocks sharing the split's KV
   wg::Phase ph;
   if (wg::warpgroup() == 2) {
     wg::regs_dec<wg::PRODUCER_REGS>();

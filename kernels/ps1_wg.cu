@@ -1,7 +1,7 @@
 // ps1 on the compute-bound core (common/mla_wg.cuh): persistent MLA decode,
 // page size 1, causal mask on global (DCP round-robin) positions, host-built
-// work list; f32 partials + ps1_reduce, for rows = HK x s_q >= 64, bf16.
-// ABI: kernels/ABI.md. Defines: HK, KV_FP8 (0).
+// work list; f32 partials + ps1_reduce, for rows = HK x s_q >= 64, bf16 or fp8.
+// ABI: kernels/ABI.md. Defines: HK, KV_FP8 (0 bf16, 1 e4m3).
 #include "common/mla_wg.cuh"
 #include "common/pdl.cuh"
 #include "common/ps1_reduce.cuh"
@@ -68,6 +68,7 @@ extern "C" __global__ void __launch_bounds__(wg::THREADS, 1)
     ps.t0 = kv_start;
     ps.t_end = max(kv_start, rw.lim(ps.nrows - 1));  // limits grow with the row
     ps.idx = kv_indices + kv_indptr[b];
+    ps.prefetch = KV_FP8 || n_rb > 1;  // fp8, or several row blocks sharing the item's KV
     return true;
   };
   if (wg::warpgroup() == 2) {

@@ -21,28 +21,35 @@
 // 512..575), free once that tile's Q K^T is done, so two 72 KB tiles and
 // Q fit in shared memory.
 //
-// A third, producer warpgroup issues every cp.async (Q and the tiles,
-// 128-byte swizzled as wgmma reads them) and completes them on mbarriers
-// (common/mbarrier.cuh): consumers never wait on their own loads, and a
-// freed buffer is refilled while the other is computed. setmaxnreg moves
-// registers from the producer to the consumers.
+// A third, producer warpgroup fills Q and the tiles, 128-byte swizzled as
+// wgmma reads them, and completes them on mbarriers (common/mbarrier.cuh):
+// consumers never wait on their own loads, and a freed buffer is refilled
+// while the other is computed. setmaxnreg moves registers from the
+// producer to the consumers.
 //
-// Defines: HK (kernel heads), KV_FP8 (must be 0: the fp8 core is not built).
+// fp8 (a8w8): Q and KV are e4m3 in memory. The producer loads them into
+// registers before the buffer is free, converts them to f16 (every e4m3
+// value is an exact f16) and stores them, so both products run on f16
+// wgmma from the same layout; P is f16 too.
+//
+// Defines: HK (kernel heads), KV_FP8 (0: bf16 Q and KV; 1: e4m3).
 #pragma once
 #include <cuda_bf16.h>
 
+#ifndef KV_FP8
+#error "define KV_FP8: 0 for bf16 Q and KV, 1 for e4m3"
+#endif
+#define WG16_F16 KV_FP8
+
+#include "common/fp8.cuh"
 #include "common/mbarrier.cuh"
 #include "common/mla_dims.cuh"
 #include "common/ptx.cuh"
-#include "common/wgmma_bf16.cuh"
+#include "common/wgmma16.cuh"
 
 #ifndef HK
 #error "define HK: kernel heads, a multiple of 16 from 16 to 128"
 #endif
-#ifndef KV_FP8
-#define KV_FP8 0
-#endif
-static_assert(!KV_FP8, "the wgmma core runs bf16 Q and KV");
 static_assert(HK % 16 == 0 && HK >= 16 && HK <= 128, "HK must be a multiple of 16 in 16..128");
 
 namespace mla {
@@ -98,6 +105,7 @@ struct Pass {
   int nrows;         // real rows, 1..64
   int t0, t_end;     // tokens streamed
   const int* idx;    // the sequence's pool entries (token rows or pages)
+  bool prefetch;     // pull each next pair into L2 (prefetch_pair)
 };
 
 // Loads and pairs issued so far: every role counts them the same way, so
@@ -106,6 +114,25 @@ struct Phase {
   unsigned items = 0;
   unsigned pairs = 0;
 };
+
+// Bytes of one Q or KV row in memory.
+constexpr int ROW_BYTES = D_QK * (KV_FP8 ? 1 : 2);
+
+// Pulls pair pr's KV rows into L2, one row per producer thread (p = 0..127
+// is the token of the pair): issued a pair ahead, a refill then waits on an
+// L2 hit instead of DRAM, and the prefetch holds no registers or buffer.
+// The caller turns it off where one row block streams its KV alone at
+// bf16: there the core runs near the memory bandwidth and the prefetch
+// measured slower (docs/kernels.md).
+template <int PAGE>
+__device__ __forceinline__ void prefetch_pair(const Pass& ps, int pr, int p, const unsigned char* __restrict__ kv) {
+  const int t = ps.t0 + 2 * pr * BN + p;
+  if (!ps.prefetch || t >= ps.t_end) return;
+  const int e = PAGE == 1 ? __ldg(ps.idx + t) : __ldg(ps.idx + (t >> 6)) * 64 + (t & 63);
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(kv + static_cast<long long>(e) * ROW_BYTES),
+               "n"(ROW_BYTES)
+               : "memory");
+}
 
 __device__ __forceinline__ int n_pairs(const Pass& ps) {
   const int n = ps.t_end - ps.t0;
@@ -138,6 +165,9 @@ __device__ __forceinline__ unsigned setup(unsigned char* smem) {
   return base;
 }
 
+// P's 16-bit type: the operand type of the products.
+__device__ __forceinline__ unsigned pack_p(float lo, float hi) { return KV_FP8 ? pack_f16x2(lo, hi) : pack_bf16x2(lo, hi); }
+
 // 32-bit shared-memory accesses: the consumers are at their register limit,
 // and generic pointers cost two registers each.
 __device__ __forceinline__ float lds_f32(unsigned a) {
@@ -151,7 +181,11 @@ __device__ __forceinline__ void sts_f32(unsigned a, float v) {
 __device__ __forceinline__ void sts_u32(unsigned a, unsigned v) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a), "r"(v) : "memory");
 }
+__device__ __forceinline__ void sts_v4(unsigned a, unsigned x, unsigned y, unsigned z, unsigned w) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(x), "r"(y), "r"(z), "r"(w) : "memory");
+}
 
+#if !KV_FP8
 // Producer (warpgroup 2): Q, then both buffers of every pair. Thread p copies
 // 16-byte chunk p%8 of each 128-byte line for rows / tokens p/8 + 16k.
 template <int PAGE>
@@ -160,6 +194,7 @@ __device__ void produce(unsigned base, const Pass& ps, Phase& ph, const unsigned
   const int p = threadIdx.x - 2 * 128;
   const int l8 = p & 7, tg = p >> 3;
   const unsigned bars = base + OFF_BAR;
+  prefetch_pair<PAGE>(ps, 0, p, kv);
   mbar_wait(bars + 8 * BAR_QEMPTY, (ph.items & 1) ^ 1);
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
@@ -173,6 +208,7 @@ __device__ void produce(unsigned base, const Pass& ps, Phase& ph, const unsigned
   mbar_arrive_cp_async(bars + 8 * BAR_QFULL);
   const int np = n_pairs(ps);
   for (int pr = 0; pr < np; ++pr, ++ph.pairs) {
+    prefetch_pair<PAGE>(ps, pr + 1, p, kv);
     // In the order the consumers free them: 0A, 1A, 0B, 1B.
 #pragma unroll
     for (int step = 0; step < 4; ++step) {
@@ -205,6 +241,125 @@ __device__ void produce(unsigned base, const Pass& ps, Phase& ph, const unsigned
   ++ph.items;
 }
 
+#else
+// One 16-byte e4m3 chunk (16 dims) as f16 chunks ch and ch + 1 of row r's
+// 128-byte line in the column block at `blk`.
+__device__ __forceinline__ void st_e4m3_as_f16(unsigned blk, int r, int ch, uint4 v) {
+  const unsigned w[4] = {v.x, v.y, v.z, v.w};
+  unsigned h[8];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    h[2 * i] = e4m3x2_to_f16x2(static_cast<unsigned short>(w[i] & 0xFFFFu));
+    h[2 * i + 1] = e4m3x2_to_f16x2(static_cast<unsigned short>(w[i] >> 16));
+  }
+  const unsigned row = blk + r * 128;
+  sts_v4(row + ((ch ^ (r & 7)) << 4), h[0], h[1], h[2], h[3]);
+  sts_v4(row + (((ch + 1) ^ (r & 7)) << 4), h[4], h[5], h[6], h[7]);
+}
+
+__device__ __forceinline__ uint4 ld_chunk(const unsigned char* p, bool ok) {
+  return ok ? __ldg(reinterpret_cast<const uint4*>(p)) : make_uint4(0u, 0u, 0u, 0u);
+}
+
+// A group of e4m3 rows held in registers: 128-byte lines L0 and L0 + 1
+// (column blocks 2 L0 .. 2 L0 + 3) of rows tg + 16k, chunk l8, and with ROPE
+// the 64-byte rope (block 8), whose 16 chunks per 4 rows are spread two per
+// thread: chunk l8 % 4 of rows k = l8 / 4 and l8 / 4 + 2. Row k's source is
+// row e[k] of `src` (e[k] < 0: zeros).
+struct Lines {
+  uint4 d[10];
+
+  template <bool ROPE>
+  __device__ __forceinline__ void load(const unsigned char* __restrict__ src, const int (&e)[4], int L0, int l8) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        d[4 * j + k] = ld_chunk(src + static_cast<long long>(max(e[k], 0)) * D_QK + (L0 + j) * 128 + l8 * 16, e[k] >= 0);
+    if (ROPE) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int ek = (l8 >> 2) ? e[1 + 2 * h] : e[2 * h];
+        d[8 + h] = ld_chunk(src + static_cast<long long>(max(ek, 0)) * D_QK + 512 + (l8 & 3) * 16, ek >= 0);
+      }
+    }
+  }
+
+  template <bool ROPE>
+  __device__ __forceinline__ void store(unsigned buf, int L0, int tg, int l8) const {
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) st_e4m3_as_f16(buf + (2 * (L0 + j) + (l8 >> 2)) * CB, tg + 16 * k, 2 * (l8 & 3), d[4 * j + k]);
+    if (ROPE) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) st_e4m3_as_f16(buf + 8 * CB, tg + 16 * ((l8 >> 2) + 2 * h), 2 * (l8 & 3), d[8 + h]);
+    }
+    fence_proxy_async();  // generic stores, read by wgmma through the async proxy
+  }
+};
+
+// Producer (warpgroup 2), fp8: Q, then both buffers of every pair, each
+// group of column blocks loaded into registers before its buffer is free.
+template <int PAGE>
+__device__ void produce(unsigned base, const Pass& ps, Phase& ph, const unsigned char* __restrict__ q,
+                        const unsigned char* __restrict__ kv) {
+  const int p = threadIdx.x - 2 * 128;
+  const int l8 = p & 7, tg = p >> 3;
+  const unsigned bars = base + OFF_BAR;
+  prefetch_pair<PAGE>(ps, 0, p, kv);
+  {
+    const unsigned char* qb = q + ps.q_row0 * D_QK;
+    int e[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) e[k] = tg + 16 * k < ps.nrows ? tg + 16 * k : -1;
+    Lines ln;
+    ln.load<false>(qb, e, 0, l8);
+    mbar_wait(bars + 8 * BAR_QEMPTY, (ph.items & 1) ^ 1);
+    ln.store<false>(base + OFF_Q, 0, tg, l8);
+    ln.load<true>(qb, e, 2, l8);
+    ln.store<true>(base + OFF_Q, 2, tg, l8);
+    mbar_arrive(bars + 8 * BAR_QFULL);
+  }
+  const int np = n_pairs(ps);
+  for (int pr = 0; pr < np; ++pr, ++ph.pairs) {
+    prefetch_pair<PAGE>(ps, pr + 1, p, kv);
+    // In the order the consumers free them: 0A, 1A, 0B, 1B.
+#pragma unroll
+    for (int step = 0; step < 4; ++step) {
+      const int b = step & 1, g = step >> 1;
+      const int tb = ps.t0 + (2 * pr + b) * BN;
+      int e[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int t = tg + 16 * k;
+        e[k] = -1;
+        if (tb + t < ps.t_end) e[k] = PAGE == 1 ? __ldg(ps.idx + tb + t) : __ldg(ps.idx + (tb >> 6)) * 64 + t;
+      }
+      // Group A of buffer 0 and group B of buffer 1 are blocks 0-3 (lines
+      // 0, 1); the others blocks 4-7 (lines 2, 3); group B adds the rope.
+      const int L0 = b == g ? 0 : 2;
+      Lines ln;
+      const unsigned buf = base + OFF_BUF + b * TILE;
+      const unsigned full = bars + 8 * (BAR_FULL + b * NCB);
+      if (g == 0) {
+        ln.load<false>(kv, e, L0, l8);
+        mbar_wait(empty_bar(bars, b, g), (ph.pairs & 1) ^ 1);
+        ln.store<false>(buf, L0, tg, l8);
+      } else {
+        ln.load<true>(kv, e, L0, l8);
+        mbar_wait(empty_bar(bars, b, g), (ph.pairs & 1) ^ 1);
+        ln.store<true>(buf, L0, tg, l8);
+        mbar_arrive(full + 8 * 8);
+      }
+#pragma unroll
+      for (int c = 0; c < 4; ++c) mbar_arrive(full + 8 * (2 * L0 + c));
+    }
+  }
+  ++ph.items;
+}
+#endif
+
 // Hides two addresses from the optimiser, so the descriptors derived from
 // them are computed at each use (one add) instead of hoisted out of the
 // loop, where 36 k-steps' worth took 144 registers and spilled.
@@ -224,7 +379,7 @@ __device__ __forceinline__ void qk(float (&s)[32], unsigned base, unsigned parit
     fence_proxy_async();  // the copies landed through the generic proxy; wgmma reads through the async one
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
-      wgmma_bf16_n64(s, gmma_desc_sw128(qa + c * CB + kk * 32), gmma_desc_sw128(buf + c * CB + kk * 32), i | kk);
+      wgmma16_n64(s, gmma_desc_sw128(qa + c * CB + kk * 32), gmma_desc_sw128(buf + c * CB + kk * 32), i | kk);
     }
   }
   wgmma_commit();
@@ -235,13 +390,13 @@ __device__ __forceinline__ void pv_rs(float (&o)[128], const unsigned (&pa)[4][4
   unsigned dummy = 0;
   opaque(v, dummy);
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) wgmma_bf16_n256_rs(o, pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3], desc_v(v + kk * 2048));
+  for (int kk = 0; kk < 4; ++kk) wgmma16_n256_rs(o, pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3], desc_v(v + kk * 2048));
 }
 // O += P V with P from shared memory at `sp` (64 rows x 64 tokens, K-major).
 __device__ __forceinline__ void pv_ss(float (&o)[128], unsigned sp, unsigned v) {
   opaque(sp, v);
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) wgmma_bf16_n256_ss(o, gmma_desc_sw128(sp + kk * 32), desc_v(v + kk * 2048));
+  for (int kk = 0; kk < 4; ++kk) wgmma16_n256_ss(o, gmma_desc_sw128(sp + kk * 32), desc_v(v + kk * 2048));
 }
 
 // Masks columns at or past each row's limit (only when the tile reaches one).
@@ -294,10 +449,10 @@ __device__ __forceinline__ void exp_rows(float (&s)[32], float scale_log2, float
   }
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
-    pa[kk][0] = pack_bf16x2(s[8 * kk], s[8 * kk + 1]);
-    pa[kk][1] = pack_bf16x2(s[8 * kk + 2], s[8 * kk + 3]);
-    pa[kk][2] = pack_bf16x2(s[8 * kk + 4], s[8 * kk + 5]);
-    pa[kk][3] = pack_bf16x2(s[8 * kk + 6], s[8 * kk + 7]);
+    pa[kk][0] = pack_p(s[8 * kk], s[8 * kk + 1]);
+    pa[kk][1] = pack_p(s[8 * kk + 2], s[8 * kk + 3]);
+    pa[kk][2] = pack_p(s[8 * kk + 4], s[8 * kk + 5]);
+    pa[kk][3] = pack_p(s[8 * kk + 6], s[8 * kk + 7]);
   }
 }
 
@@ -387,8 +542,8 @@ struct Consumer {
 #pragma unroll
     for (int i = 0; i < 8; ++i) {  // P0 * scale1, row r0 and r1 of n8 tile i
       const unsigned a = p_addr(sp0, r0, c, i);
-      sts_u32(a, pack_bf16x2(s[4 * i] * g0, s[4 * i + 1] * g0));
-      sts_u32(a + 8 * 128, pack_bf16x2(s[4 * i + 2] * g1, s[4 * i + 3] * g1));
+      sts_u32(a, pack_p(s[4 * i] * g0, s[4 * i + 1] * g0));
+      sts_u32(a + 8 * 128, pack_p(s[4 * i + 2] * g1, s[4 * i + 3] * g1));
     }
     fence_proxy_async();
     nbar_arrive(NB_P0, CONSUMERS);
@@ -552,8 +707,9 @@ template <int N>
 __device__ __forceinline__ void regs_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
 }
-constexpr int CONSUMER_REGS = 216;
-constexpr int PRODUCER_REGS = 72;
+// fp8's producer holds a group of e4m3 lines (40 registers) while it waits.
+constexpr int CONSUMER_REGS = KV_FP8 ? 208 : 216;
+constexpr int PRODUCER_REGS = KV_FP8 ? 88 : 72;
 // The CTA keeps the registers it was launched with (ptxas's 168 per thread
 // at 384 threads): an increase beyond what the producer gave back never
 // returns, and the kernel hangs.

@@ -21,7 +21,8 @@ pub enum Core {
     /// `common/mla_core.cuh`: 16 x `mt` rows per pass, mma.sync (and e4m3
     /// wgmma for fp8 Q.K).
     Mma { mt: usize },
-    /// `common/mla_wg.cuh`: 64 rows per CTA, bf16 wgmma for both products.
+    /// `common/mla_wg.cuh`: 64 rows per CTA, 16-bit wgmma for both products
+    /// (bf16, or f16 for fp8: the producer converts e4m3 as it loads).
     Wg,
 }
 
@@ -36,28 +37,28 @@ impl Core {
 
 /// The core a case runs on, and why: where 64 or more query rows share each
 /// KV token the decode is bound by the tensor cores and the wgmma core
-/// computes them in one pass; it has no fp8 path yet.
+/// computes them in one pass.
 pub fn mla_core(kernel_heads: usize, s_q: usize, fp8: bool) -> (Core, String) {
     let rows = kernel_heads * s_q;
-    let mma = Core::Mma {
-        mt: mla_mt(kernel_heads, s_q),
-    };
     if rows < WG_ROWS {
+        let mma = Core::Mma {
+            mt: mla_mt(kernel_heads, s_q),
+        };
         (mma, format!("rows {kernel_heads}x{s_q} = {rows} < {WG_ROWS}"))
-    } else if fp8 {
-        (mma, format!("rows {rows} >= {WG_ROWS}, but the wgmma core is bf16"))
     } else {
+        let how = if fp8 { "e4m3 loaded as f16" } else { "bf16" };
         (
             Core::Wg,
-            format!("rows {kernel_heads}x{s_q} = {rows} >= {WG_ROWS}, bf16"),
+            format!("rows {kernel_heads}x{s_q} = {rows} >= {WG_ROWS}, {how}"),
         )
     }
 }
 
 /// The instructions a core's FLOP run on, for %TC: the wgmma core runs both
-/// products on bf16 wgmma; the mma core runs them on mma.sync, except fp8's
-/// Q.K (576 of the 1088 MAC per row and token) on e4m3 wgmma (its P.V is an
-/// f16 mma.sync, which runs at the bf16 rate).
+/// products on 16-bit wgmma (f16 for fp8, which issues at the bf16 rate the
+/// probe measures); the mma core runs them on mma.sync, except fp8's Q.K
+/// (576 of the 1088 MAC per row and token) on e4m3 wgmma (its P.V is an f16
+/// mma.sync, which runs at the bf16 rate).
 pub fn tensor_mix(core: Core, fp8: bool) -> MmaMix {
     match (core, fp8) {
         (Core::Wg, _) => MmaMix::one(MmaKind::WgmmaBf16),
@@ -84,8 +85,10 @@ pub fn wg_smem() -> u32 {
 }
 
 /// The wgmma core's configuration of `file` for `hk` kernel heads.
-pub fn wg_spec(file: &'static str, entries: &[&'static str], hk: usize) -> KernelSpec {
-    KernelSpec::new(file, entries).define("HK", hk).define("KV_FP8", 0)
+pub fn wg_spec(file: &'static str, entries: &[&'static str], hk: usize, fp8: bool) -> KernelSpec {
+    KernelSpec::new(file, entries)
+        .define("HK", hk)
+        .define("KV_FP8", fp8 as u8)
 }
 
 /// 16-row m-tiles per pass: 1 for the 16-row decode hot path, else 2 (kernels/ABI.md).
@@ -174,11 +177,11 @@ pub fn spec(file: &'static str, entries: &[&'static str], hk: usize, fp8: bool, 
 
 /// A decode kernel's configuration at every shape it can be launched with
 /// (kernel heads 16..=128 in steps of 16; the mma core at bf16 and fp8, one
-/// or two query rows per MMA tile; the wgmma core at bf16), so CI compiles
-/// each one.
+/// or two query rows per MMA tile; the wgmma core at bf16 and fp8), so CI
+/// compiles each one.
 pub fn every_shape(
     spec: impl Fn(usize, bool, usize) -> KernelSpec,
-    wg: impl Fn(usize) -> KernelSpec,
+    wg: impl Fn(usize, bool) -> KernelSpec,
 ) -> Vec<KernelSpec> {
     let mut v = Vec::new();
     for hk in (16..=128).step_by(16) {
@@ -186,8 +189,8 @@ pub fn every_shape(
             for mt in [1, 2] {
                 v.push(spec(hk, fp8, mt));
             }
+            v.push(wg(hk, fp8));
         }
-        v.push(wg(hk));
     }
     v
 }
@@ -197,13 +200,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_wgmma_core_takes_bf16_cases_of_64_rows_or_more() {
+    fn the_wgmma_core_takes_cases_of_64_rows_or_more() {
         assert_eq!(mla_core(16, 1, false).0, Core::Mma { mt: 1 });
         assert_eq!(mla_core(32, 1, false).0, Core::Mma { mt: 2 });
+        assert_eq!(mla_core(32, 1, true).0, Core::Mma { mt: 2 });
         assert_eq!(mla_core(16, 4, false).0, Core::Wg);
         assert_eq!(mla_core(96, 8, false).0, Core::Wg);
-        assert_eq!(mla_core(128, 1, true).0, Core::Mma { mt: 2 });
-        assert!(mla_core(128, 1, true).1.contains("bf16"));
+        assert_eq!(mla_core(128, 1, true).0, Core::Wg);
+        assert!(mla_core(128, 1, true).1.contains("e4m3 loaded as f16"));
+        assert!(mla_core(64, 1, false).1.contains("bf16"));
         assert_eq!(wg_row_blocks(96, 8), 12);
         assert_eq!(wg_row_blocks(48, 2), 2);
         // kernels/common/mla_wg.cuh SMEM_BYTES

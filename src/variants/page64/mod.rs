@@ -57,13 +57,13 @@ pub fn spec(hk: usize, fp8: bool, mt: usize) -> KernelSpec {
 }
 
 /// The wgmma core's configuration for `hk` heads.
-pub fn spec_wg(hk: usize) -> KernelSpec {
-    kernel::wg_spec("page64_wg.cu", &["page64_fwd", "page64_merge"], hk)
+pub fn spec_wg(hk: usize, fp8: bool) -> KernelSpec {
+    kernel::wg_spec("page64_wg.cu", &["page64_fwd", "page64_merge"], hk, fp8)
 }
 
 fn core_spec(core: Core, hk: usize, fp8: bool) -> KernelSpec {
     match core {
-        Core::Wg => spec_wg(hk),
+        Core::Wg => spec_wg(hk, fp8),
         Core::Mma { mt } => spec(hk, fp8, mt),
     }
 }

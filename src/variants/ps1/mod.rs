@@ -68,14 +68,14 @@ pub fn spec(hk: usize, fp8: bool, mt: usize) -> KernelSpec {
 }
 
 /// The wgmma core's configuration for `hk` heads.
-pub fn spec_wg(hk: usize) -> KernelSpec {
-    kernel::wg_spec("ps1_wg.cu", &["ps1_fwd", "ps1_reduce"], hk)
+pub fn spec_wg(hk: usize, fp8: bool) -> KernelSpec {
+    kernel::wg_spec("ps1_wg.cu", &["ps1_fwd", "ps1_reduce"], hk, fp8)
 }
 
 /// The kernel a plan runs.
 fn plan_spec(plan: &Ps1Plan, fp8: bool) -> KernelSpec {
     match plan.core {
-        Core::Wg => spec_wg(plan.kernel_heads),
+        Core::Wg => spec_wg(plan.kernel_heads, fp8),
         Core::Mma { mt } => spec(plan.kernel_heads, fp8, mt),
     }
 }
@@ -257,7 +257,7 @@ impl Variant for Ps1 {
                 .map(|hk| {
                     let fp8 = p.dtype == Dtype::Fp8;
                     vec![match kernel::mla_core(hk, p.s_q, fp8).0 {
-                        Core::Wg => spec_wg(hk),
+                        Core::Wg => spec_wg(hk, fp8),
                         Core::Mma { mt } => spec(hk, fp8, mt),
                     }]
                 })
@@ -461,16 +461,30 @@ mod tests {
     }
 
     #[test]
-    fn decode_rows_and_fp8_stay_on_the_mma_core() {
-        for toml in [
-            "[[mla]]\nbatch = 2\ncontext = 64\nheads_local = 16\nvariants = [\"ps1\"]\ndtype = \"bf16\"\n",
-            "[[mla]]\nbatch = 2\ncontext = 64\nheads_local = 128\nvariants = [\"ps1\"]\ndtype = \"fp8\"\n",
-        ] {
-            let c = case(toml);
+    fn decode_rows_below_64_stay_on_the_mma_core() {
+        for dtype in ["bf16", "fp8"] {
+            let c = case(&format!(
+                "[[mla]]\nbatch = 2\ncontext = 64\nheads_local = 16\nvariants = [\"ps1\"]\ndtype = \"{dtype}\"\n"
+            ));
             let (p, grid, _, last) = forward(&c);
             assert!(matches!(p.core, Core::Mma { .. }), "{}", p.core_reason);
             assert_eq!(grid.0 as usize, p.ranks[0].num_ctas);
             assert_eq!(last, None, "the mma core's ps1_fwd ends at part_lse");
         }
+    }
+
+    #[test]
+    fn fp8_with_64_rows_runs_the_wgmma_core_at_e4m3() {
+        let c = case("[[mla]]\nbatch = 2\ncontext = 64\nheads_local = 128\nvariants = [\"ps1\"]\ndtype = \"fp8\"\n");
+        let (p, _, block, last) = forward(&c);
+        assert_eq!(p.core, Core::Wg, "{}", p.core_reason);
+        assert_eq!((block, last), (kernel::WG_THREADS, Some(2)));
+        let spec = plan_spec(&p, true);
+        assert_eq!(spec.file, "ps1_wg.cu");
+        assert!(
+            spec.defines.iter().any(|(k, v)| k == "KV_FP8" && v == "1"),
+            "{:?}",
+            spec.defines
+        );
     }
 }
