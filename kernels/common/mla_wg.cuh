@@ -301,11 +301,15 @@ struct Lines {
 
 // Producer (warpgroup 2), fp8: Q, then both buffers of every pair, each
 // group of column blocks loaded into registers before its buffer is free.
+// Lanes 4-7 of each 8 take the neighbouring row (tg ^ 1): a store phase's
+// 8 lanes then write two rows of opposite swizzle parity, so their 16-byte
+// chunks fall in 8 different bank groups (with one row, lanes 0-3 and 4-7
+// write the same chunks of two blocks: a 2-way conflict).
 template <int PAGE>
 __device__ void produce(unsigned base, const Pass& ps, Phase& ph, const unsigned char* __restrict__ q,
                         const unsigned char* __restrict__ kv) {
   const int p = threadIdx.x - 2 * 128;
-  const int l8 = p & 7, tg = p >> 3;
+  const int l8 = p & 7, tg = (p >> 3) ^ (l8 >> 2);
   const unsigned bars = base + OFF_BAR;
   prefetch_pair<PAGE>(ps, 0, p, kv);
   {
