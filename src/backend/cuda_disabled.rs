@@ -86,6 +86,11 @@ impl Backend for CudaBackend {
     }
 }
 
+/// The ceiling probes' kernel configuration (nothing compiles without `cuda`).
+pub fn probe_spec() -> KernelSpec {
+    KernelSpec::new("probe.cu", &[])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -98,9 +103,4 @@ mod tests {
         assert!(matches!(device_report(k, true), Err(EnvError::Disabled)));
         assert!(matches!(check_all(k, &[], "sm_90a"), Err(EnvError::Disabled)));
     }
-}
-
-/// The ceiling probes' kernel configuration (nothing compiles without `cuda`).
-pub fn probe_spec() -> KernelSpec {
-    KernelSpec::new("probe.cu", &[])
 }
