@@ -134,6 +134,18 @@ __device__ __forceinline__ void prefetch_pair(const Pass& ps, int pr, int p, con
                : "memory");
 }
 
+// Pool rows of a producer thread's 4 tokens tg + 16k of the tile at token
+// tb (-1: past the range).
+template <int PAGE>
+__device__ __forceinline__ void tile_rows(const Pass& ps, int tb, int tg, int (&e)[4]) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int t = tg + 16 * k;
+    e[k] = -1;
+    if (tb + t < ps.t_end) e[k] = PAGE == 1 ? __ldg(ps.idx + tb + t) : __ldg(ps.idx + (tb >> 6)) * 64 + t;
+  }
+}
+
 __device__ __forceinline__ int n_pairs(const Pass& ps) {
   const int n = ps.t_end - ps.t0;
   return n > 0 ? (n + 2 * BN - 1) / (2 * BN) : 0;
@@ -200,7 +212,7 @@ __device__ void produce(unsigned base, const Pass& ps, Phase& ph, const unsigned
   for (int k = 0; k < 4; ++k) {
     const int r = tg + 16 * k;
     const bool ok = r < ps.nrows;
-    const unsigned char* src = q + (ps.q_row0 + (ok ? r : 0)) * (D_QK * 2) + l8 * 16;
+    const unsigned char* src = q + (ps.q_row0 + (ok ? r : 0)) * ROW_BYTES + l8 * 16;
     const unsigned dst = base + OFF_Q + r * 128 + ((l8 ^ (r & 7)) << 4);
 #pragma unroll
     for (int c = 0; c < NCB; ++c) cp_async16(dst + c * CB, src + c * 128, ok);
@@ -213,16 +225,9 @@ __device__ void produce(unsigned base, const Pass& ps, Phase& ph, const unsigned
 #pragma unroll
     for (int step = 0; step < 4; ++step) {
       const int b = step & 1, g = step >> 1;
-      // Pool rows of this thread's 4 tokens (-1: past the range), read
-      // before the wait; the second group reads them again from L1.
-      const int tb = ps.t0 + (2 * pr + b) * BN;
+      // Read before the wait; the second group reads them again from L1.
       int e[4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const int t = tg + 16 * k;
-        e[k] = -1;
-        if (tb + t < ps.t_end) e[k] = PAGE == 1 ? __ldg(ps.idx + tb + t) : __ldg(ps.idx + (tb >> 6)) * 64 + t;
-      }
+      tile_rows<PAGE>(ps, ps.t0 + (2 * pr + b) * BN, tg, e);
       mbar_wait(empty_bar(bars, b, g), (ph.pairs & 1) ^ 1);
       const unsigned buf = base + OFF_BUF + b * TILE;
 #pragma unroll
@@ -231,7 +236,7 @@ __device__ void produce(unsigned base, const Pass& ps, Phase& ph, const unsigned
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
           const int t = tg + 16 * k;
-          const unsigned char* src = kv + static_cast<long long>(max(e[k], 0)) * (D_QK * 2) + c * 128 + l8 * 16;
+          const unsigned char* src = kv + static_cast<long long>(max(e[k], 0)) * ROW_BYTES + c * 128 + l8 * 16;
           cp_async16(buf + c * CB + t * 128 + ((l8 ^ (t & 7)) << 4), src, e[k] >= 0);
         }
         mbar_arrive_cp_async(bars + 8 * (BAR_FULL + b * NCB + c));
@@ -332,14 +337,8 @@ __device__ void produce(unsigned base, const Pass& ps, Phase& ph, const unsigned
 #pragma unroll
     for (int step = 0; step < 4; ++step) {
       const int b = step & 1, g = step >> 1;
-      const int tb = ps.t0 + (2 * pr + b) * BN;
       int e[4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const int t = tg + 16 * k;
-        e[k] = -1;
-        if (tb + t < ps.t_end) e[k] = PAGE == 1 ? __ldg(ps.idx + tb + t) : __ldg(ps.idx + (tb >> 6)) * 64 + t;
-      }
+      tile_rows<PAGE>(ps, ps.t0 + (2 * pr + b) * BN, tg, e);
       // Group A of buffer 0 and group B of buffer 1 are blocks 0-3 (lines
       // 0, 1); the others blocks 4-7 (lines 2, 3); group B adds the rope.
       const int L0 = b == g ? 0 : 2;
