@@ -32,14 +32,28 @@
 // value is an exact f16) and stores them, so both products run on f16
 // wgmma from the same layout; P is f16 too.
 //
-// Defines: HK (kernel heads), KV_FP8 (0: bf16 Q and KV; 1: e4m3).
+// DeepSeek-V4 native FP8 rows (WG_V4, with KV_FP8): 512 dims, K = V, so a
+// tile is 8 column blocks and P gets its own two blocks; the producer
+// (common/wg_v4.cuh) dequantizes each tile-scaled e4m3 block to bf16 and
+// copies the bf16 rope, and both products run on bf16 wgmma.
+//
+// Defines: HK (kernel heads), KV_FP8 (0: bf16 Q and KV; 1: e4m3), WG_V4
+// (optional, 1: V4 native rows).
 #pragma once
 #include <cuda_bf16.h>
 
 #ifndef KV_FP8
 #error "define KV_FP8: 0 for bf16 Q and KV, 1 for e4m3"
 #endif
-#define WG16_F16 KV_FP8
+#ifndef WG_V4
+#define WG_V4 0
+#endif
+#if WG_V4 && !KV_FP8
+#error "WG_V4 rows are e4m3: define KV_FP8=1"
+#endif
+// f16 operands for MLA's e4m3 (exact, one conversion); V4's tile scales
+// need bf16's exponent range.
+#define WG16_F16 (KV_FP8 && !WG_V4)
 
 #include "common/fp8.cuh"
 #include "common/mbarrier.cuh"
@@ -59,11 +73,17 @@ constexpr int THREADS = 384;               // WG0, WG1 (consumers), WG2 (produce
 constexpr int BM = 64;                     // query rows per CTA
 constexpr int BN = 64;                     // tokens per tile
 constexpr int CB = 8192;                   // one 64-dim column block: 64 rows x 128 B
-constexpr int NCB = D_QK / 64;             // 9 column blocks per row (8 of V, 1 of rope)
-constexpr int TILE = NCB * CB;             // 73728
+constexpr int QK_DIMS = WG_V4 ? 512 : D_QK;
+constexpr int NCB = QK_DIMS / 64;          // column blocks per row: MLA 8 of V + 1 of rope; V4 8
+constexpr int TILE = NCB * CB;             // 73728 (V4 65536)
 constexpr int OFF_Q = 0;
 constexpr int OFF_BUF = TILE;              // buffer b at OFF_BUF + b * TILE
-constexpr int OFF_M = 3 * TILE;            // running max per row (f32)
+// V4: P0, P1 in blocks of their own (MLA keeps P in each tile's rope block).
+// No barrier frees them: WG0 writes the next P0 only past NB_SCALE1, which
+// WG1 reaches after its P0 V0R completed, and WG1 the next P1 only past
+// NB_SCALE0, after WG0's P1 V1L.
+constexpr int OFF_P = 3 * TILE;
+constexpr int OFF_M = OFF_P + (WG_V4 ? 2 * CB : 0);  // running max per row (f32)
 constexpr int OFF_SC0 = OFF_M + BM * 4;    // WG0's rescale of the pair
 constexpr int OFF_SC1 = OFF_SC0 + BM * 4;  // WG1's rescale of the pair
 constexpr int OFF_L = OFF_SC1 + BM * 4;    // both warpgroups' row sums at the end
@@ -116,7 +136,19 @@ struct Phase {
 };
 
 // Bytes of one Q or KV row in memory.
-constexpr int ROW_BYTES = D_QK * (KV_FP8 ? 1 : 2);
+constexpr int ROW_BYTES = WG_V4 ? 512 : D_QK * (KV_FP8 ? 1 : 2);
+
+// Pulls [p, p + BYTES) into L2, one prefetch per 128 bytes: every line of
+// the row when p is 128-byte aligned (V4 rows, ropes) or 64-byte aligned
+// with BYTES % 128 in 1..64 (576-byte e4m3 rows). Per-thread addresses: the bulk
+// prefetch (cp.async.bulk.prefetch.L2) takes uniform operands, so a warp
+// issues it once per lane in a loop, and for the e4m3 producers, which are
+// the limit, that loop cost more than these few instructions.
+template <int BYTES>
+__device__ __forceinline__ void prefetch_lines(const unsigned char* p) {
+#pragma unroll
+  for (int o = 0; o < BYTES; o += 128) asm volatile("prefetch.global.L2::evict_last [%0];\n" ::"l"(p + o));
+}
 
 // Pulls pair pr's KV rows into L2, one row per producer thread (p = 0..127
 // is the token of the pair): issued a pair ahead, a refill then waits on an
@@ -129,9 +161,12 @@ __device__ __forceinline__ void prefetch_pair(const Pass& ps, int pr, int p, con
   const int t = ps.t0 + 2 * pr * BN + p;
   if (!ps.prefetch || t >= ps.t_end) return;
   const int e = PAGE == 1 ? __ldg(ps.idx + t) : __ldg(ps.idx + (t >> 6)) * 64 + (t & 63);
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(kv + static_cast<long long>(e) * ROW_BYTES),
-               "n"(ROW_BYTES)
-               : "memory");
+  const unsigned char* row = kv + static_cast<long long>(e) * ROW_BYTES;
+  if (KV_FP8) {
+    prefetch_lines<ROW_BYTES>(row);
+  } else {  // 9 lines a row: per line measured 2-25% slower than the bulk loop
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(row), "n"(ROW_BYTES) : "memory");
+  }
 }
 
 // Pool rows of a producer thread's 4 tokens tg + 16k of the tile at token
@@ -178,7 +213,7 @@ __device__ __forceinline__ unsigned setup(unsigned char* smem) {
 }
 
 // P's 16-bit type: the operand type of the products.
-__device__ __forceinline__ unsigned pack_p(float lo, float hi) { return KV_FP8 ? pack_f16x2(lo, hi) : pack_bf16x2(lo, hi); }
+__device__ __forceinline__ unsigned pack_p(float lo, float hi) { return WG16_F16 ? pack_f16x2(lo, hi) : pack_bf16x2(lo, hi); }
 
 // 32-bit shared-memory accesses: the consumers are at their register limit,
 // and generic pointers cost two registers each.
@@ -262,8 +297,16 @@ __device__ __forceinline__ void st_e4m3_as_f16(unsigned blk, int r, int ch, uint
   sts_v4(row + (((ch + 1) ^ (r & 7)) << 4), h[4], h[5], h[6], h[7]);
 }
 
+// e4m3 rows: the L2::256B hint fetches each request's 256-byte span from
+// DRAM at once (the row's other lines are this thread's next loads or a
+// neighbour's); measured 1.5-10% faster than a plain __ldg (docs/kernels.md).
 __device__ __forceinline__ uint4 ld_chunk(const unsigned char* p, bool ok) {
-  return ok ? __ldg(reinterpret_cast<const uint4*>(p)) : make_uint4(0u, 0u, 0u, 0u);
+  uint4 v = make_uint4(0u, 0u, 0u, 0u);
+  if (ok)
+    asm volatile("ld.global.nc.L1::evict_last.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+  return v;
 }
 
 // A group of e4m3 rows held in registers: 128-byte lines L0 and L0 + 1
@@ -631,8 +674,8 @@ __device__ void consume(unsigned base, const Pass& ps, const Rows& rows, Phase& 
   cs.sm = base + OFF_M + 4 * cs.r0;
   cs.sc0 = base + OFF_SC0 + 4 * cs.r0;
   cs.sc1 = base + OFF_SC1 + 4 * cs.r0;
-  cs.sp0 = base + OFF_BUF + (NCB - 1) * CB;
-  cs.sp1 = cs.sp0 + TILE;
+  cs.sp0 = WG_V4 ? base + OFF_P : base + OFF_BUF + (NCB - 1) * CB;
+  cs.sp1 = cs.sp0 + (WG_V4 ? CB : TILE);
   cs.scale_log2 = scale_log2;
   cs.l0 = 0.f;
   cs.l1 = 0.f;

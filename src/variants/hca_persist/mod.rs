@@ -24,6 +24,7 @@ use super::{
 use crate::case::{Case, V4_D};
 use crate::reference::RefSet;
 use crate::result::Check;
+use crate::tensor_ceiling::{MmaKind, MmaMix};
 use plan::{hca_call_plan, hca_gates, HcaPlan, HCA_MIN_TOKENS};
 
 pub const ID: VariantId = VariantId("hca_persist");
@@ -116,6 +117,21 @@ impl Variant for HcaPersist {
                 )
             })
             .unwrap_or_default()
+    }
+
+    fn details(&self, plan: &Plan, _items: bool) -> Vec<String> {
+        match fallback(plan) {
+            Some(s) => Fallback::details(s),
+            None => vec!["core=mma: hca_persist's own kernel (v4_core.cuh)".into()],
+        }
+    }
+
+    /// The fallback runs v4_split's kernel, and so its core.
+    fn tensor_mix(&self, job: &Job) -> MmaMix {
+        match fallback(job.plan) {
+            Some(s) => Fallback::tensor_mix(s),
+            None => MmaMix::one(MmaKind::MmaSyncBf16),
+        }
     }
 
     fn cost(&self, job: &Job) -> Cost {

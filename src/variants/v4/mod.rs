@@ -10,6 +10,7 @@ use crate::case::{Case, CaseParams, LayerType, V4Params, V4_WINDOW};
 use crate::workload::{V4Workload, Workload};
 
 use super::{Cost, Job};
+use crate::tensor_ceiling::{MmaKind, MmaMix};
 
 /// The V4 parameters of a case, or why a variant cannot run it.
 pub fn params(case: &Case) -> Result<&V4Params, String> {
@@ -42,11 +43,94 @@ pub fn groups(hk: usize) -> u32 {
     (hk / hk.min(64)) as u32
 }
 
-/// Dynamic shared memory of the V4 kernels (kernels/ABI.md formula).
+/// Dynamic shared memory of the mma.sync V4 core (`v4::SMEM_BYTES`, kernels/ABI.md formula).
 pub fn smem(hk: usize) -> u32 {
     let hg = hk.min(64);
     let nsl = 8 / (hg / hg.min(32));
     (hg * 1040 + 2 * 32 * 1040 + 2 * 32 * 592 + nsl * hg * 40 * 4 + hg * 80 + hg * 12 + 1024) as u32
+}
+
+/// The attention core a V4 kernel runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum V4Core {
+    /// `kernels/v4_core.cuh`: 256 threads, bf16 mma.sync on dequantized tiles.
+    Mma,
+    /// `kernels/common/mla_wg.cuh` with `WG_V4=1` (`common/wg_v4.cuh`): 64
+    /// heads per CTA on bf16 wgmma, a producer warpgroup dequantizing.
+    Wg,
+}
+
+/// Fewest KV tokens per split (mean over the real rows) for the wgmma core:
+/// below it the CTA's fixed cost (Q dequantized, the pipeline filled, 384
+/// threads' partial written) outweighs its faster loop. On the H200
+/// (results/h200/peers/dsv4-peers) the wgmma core was 2-18% slower at 384
+/// and 576 tokens per split (CSA lists) and 1.3-1.45x faster at 4,000 and
+/// more (HCA lists); 1024 sits between, unmeasured.
+pub const WG_MIN_SPLIT_TOKENS: usize = 1024;
+
+/// The core for `hk` kernel heads at `split_tokens` KV tokens per split,
+/// and why: 64 heads per CTA make every KV token feed 64 query rows, where
+/// the decode is bound by the tensor cores (the MLA core's threshold,
+/// `mla::kernel::WG_ROWS`), once the splits are long enough to pay for the
+/// CTA's fixed cost. The others stay on the mma.sync core.
+pub fn core(hk: usize, split_tokens: usize) -> (V4Core, String) {
+    let rows = crate::variants::mla::kernel::WG_ROWS;
+    if hk < rows {
+        (V4Core::Mma, format!("heads {hk} < {rows}"))
+    } else if split_tokens < WG_MIN_SPLIT_TOKENS {
+        (
+            V4Core::Mma,
+            format!("{split_tokens} tokens per split < {WG_MIN_SPLIT_TOKENS}"),
+        )
+    } else {
+        (
+            V4Core::Wg,
+            format!("heads {hk} >= {rows}, {split_tokens} tokens per split >= {WG_MIN_SPLIT_TOKENS}, e4m3 dequantized to bf16"),
+        )
+    }
+}
+
+impl V4Core {
+    pub fn name(self) -> &'static str {
+        match self {
+            V4Core::Mma => "mma",
+            V4Core::Wg => "wg",
+        }
+    }
+
+    /// Threads per CTA.
+    pub fn block(self) -> u32 {
+        match self {
+            V4Core::Mma => 256,
+            V4Core::Wg => crate::variants::mla::kernel::WG_THREADS,
+        }
+    }
+
+    /// Dynamic shared memory for `hk` kernel heads.
+    pub fn smem(self, hk: usize) -> u32 {
+        match self {
+            V4Core::Mma => smem(hk),
+            V4Core::Wg => wg_smem(),
+        }
+    }
+
+    /// What its FLOP run on, for %TC.
+    pub fn tensor_mix(self) -> MmaMix {
+        match self {
+            V4Core::Mma => MmaMix::one(MmaKind::MmaSyncBf16),
+            V4Core::Wg => MmaMix::one(MmaKind::WgmmaBf16),
+        }
+    }
+}
+
+/// Dynamic shared memory of the wgmma core with V4 rows (`wg::SMEM_BYTES`
+/// at `WG_V4=1`): Q and two 64-token tiles of 8 column blocks (8 KB each),
+/// P0 and P1 (8 KB each), per-row max and rescales (3 x 64 f32), both
+/// warpgroups' row sums (2 x 64 f32), 22 mbarriers, and 1 KB to align the
+/// base for the 128-byte swizzle.
+pub fn wg_smem() -> u32 {
+    let tile = 8 * 8192;
+    (3 * tile + 2 * 8192 + 3 * 64 * 4 + 2 * 64 * 4 + 22 * 8 + 1024) as u32
 }
 
 /// Bytes and FLOPs of a V4 decode run (SPEC §5): the packed rows and rope of
@@ -78,5 +162,23 @@ mod tests {
     fn smem_and_groups_match_the_abi_tables() {
         assert_eq!([16, 32, 64, 128].map(smem), [144_064, 182_656, 218_880, 218_880]);
         assert_eq!([16, 32, 64, 128].map(groups), [1, 1, 1, 2]);
+        // kernels/common/mla_wg.cuh SMEM_BYTES at WG_V4=1
+        assert_eq!(wg_smem(), 215_472);
+        assert!(wg_smem() <= 232_448);
+    }
+
+    #[test]
+    fn sixty_four_heads_or_more_on_long_splits_run_on_the_wgmma_core() {
+        assert_eq!(
+            [16, 32, 64, 128].map(|h| core(h, 8192).0),
+            [V4Core::Mma, V4Core::Mma, V4Core::Wg, V4Core::Wg]
+        );
+        assert_eq!(core(128, WG_MIN_SPLIT_TOKENS).0, V4Core::Wg);
+        assert_eq!(core(128, WG_MIN_SPLIT_TOKENS - 1).0, V4Core::Mma);
+        assert!(core(128, 1023).1.contains("1023 tokens per split < 1024"));
+        assert!(core(128, 4096).1.contains("bf16"));
+        assert_eq!(V4Core::Wg.block(), 384);
+        assert_eq!(V4Core::Wg.tensor_mix().label(), "wgmma bf16");
+        assert_eq!(V4Core::Mma.smem(128), smem(128));
     }
 }

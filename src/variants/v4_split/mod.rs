@@ -13,7 +13,7 @@ use super::emulate::{Emulation, Fault};
 use super::program::{Arg, Call, Fill, Program, Smem};
 use super::v4::checks::PadRows;
 use super::v4::emulate::{rename, run_v4_rows, with_steps};
-use super::v4::{self, program::Inputs};
+use super::v4::{self, program::Inputs, V4Core};
 use super::{
     merge, Cost, Decision, Family, Job, KernelSpec, OutTensor, Plan, PlanData, PlanError, Variant, VariantId,
     VariantInfo,
@@ -21,6 +21,7 @@ use super::{
 use crate::case::{Case, V4_D};
 use crate::reference::RefSet;
 use crate::result::Check;
+use crate::tensor_ceiling::{MmaKind, MmaMix};
 use crate::workload::V4Workload;
 use plan::{kv_len_bound, split_ranges, v4_split_plan, SplitPlan};
 
@@ -39,22 +40,23 @@ static INFO: VariantInfo = VariantInfo {
 
 pub struct V4Split;
 
-pub fn spec(hk: usize) -> KernelSpec {
-    KernelSpec::new("v4_split.cu", &["v4_split"]).define("V4_HEADS", hk)
+/// The kernel of `core` for `hk` kernel heads.
+pub fn spec(hk: usize, core: V4Core) -> KernelSpec {
+    match core {
+        V4Core::Mma => KernelSpec::new("v4_split.cu", &["v4_split"]).define("V4_HEADS", hk),
+        V4Core::Wg => KernelSpec::new("v4_split_wg.cu", &["v4_split"])
+            .define("HK", hk)
+            .define("KV_FP8", 1)
+            .define("WG_V4", 1),
+    }
 }
 
 /// The split plan of a case: the scenario's fixed `n`, else the heuristic's.
 pub fn split_plan(case: &Case) -> Result<SplitPlan, String> {
     let p = v4::params(case)?;
     let bound = kv_len_bound(p.layer, p.index_topk, p.max_model_len);
-    Ok(v4_split_plan(
-        p.rows,
-        p.padded_rows,
-        p.kernel_heads(),
-        bound,
-        case.cus,
-        case.v4.splits,
-    ))
+    let lens: Vec<usize> = p.positions.iter().map(|&pos| v4::row_len(p, pos)).collect();
+    Ok(v4_split_plan(p.rows, p.padded_rows, p.kernel_heads(), bound, case.cus, case.v4.splits).with_lens(&lens))
 }
 
 /// What v4_split does with a plan: the unit hca_persist falls back to.
@@ -62,7 +64,16 @@ pub(crate) struct Run;
 
 impl Run {
     pub fn summary(s: &SplitPlan) -> String {
-        format!("n={} ({:?})", s.n, s.source)
+        format!("n={} ({:?}) core={}", s.n, s.source, s.core().0.name())
+    }
+
+    pub fn details(s: &SplitPlan) -> Vec<String> {
+        let (core, why) = s.core();
+        vec![format!("core={}: {why}", core.name())]
+    }
+
+    pub fn tensor_mix(s: &SplitPlan) -> MmaMix {
+        s.core().0.tensor_mix()
     }
 
     pub fn cost(job: &Job, s: &SplitPlan) -> Cost {
@@ -84,8 +95,8 @@ impl Run {
     }
 
     pub fn kernels(case: &Case) -> Vec<KernelSpec> {
-        case.v4()
-            .map(|p| vec![spec(p.kernel_heads()), merge::spec()])
+        split_plan(case)
+            .map(|s| vec![spec(s.heads, s.core().0), merge::spec()])
             .unwrap_or_default()
     }
 
@@ -129,6 +140,7 @@ impl Run {
     pub fn programs<'a>(job: &Job<'a>, s: &'a SplitPlan) -> Result<Vec<Program<'a>>, String> {
         let w = v4::workload(job)?;
         let hk = w.heads;
+        let core = s.core().0;
         let mut p = Program::default();
         let inp = Inputs::add(&mut p, w);
         let plan = p.upload("split_indptr", &s.split_indptr);
@@ -138,11 +150,11 @@ impl Run {
         // An eager call covers the N real rows; a graph-sized one all T.
         let launch_rows = if job.case.v4.eager { w.p.rows } else { w.t };
         p.calls.push(Call {
-            kernel: spec(hk),
+            kernel: spec(hk, core),
             entry: "v4_split",
             grid: (v4::groups(hk), launch_rows as u32, s.n as u32),
-            block: 256,
-            smem: Smem::Fixed(v4::smem(hk)),
+            block: core.block(),
+            smem: Smem::Fixed(core.smem(hk)),
             args: vec![
                 Arg::Buf(inp.q),
                 Arg::Buf(inp.q_rope),
@@ -208,6 +220,16 @@ impl Variant for V4Split {
         split(plan).map(Run::summary).unwrap_or_default()
     }
 
+    fn details(&self, plan: &Plan, _items: bool) -> Vec<String> {
+        split(plan).map(Run::details).unwrap_or_default()
+    }
+
+    fn tensor_mix(&self, job: &Job) -> MmaMix {
+        split(job.plan)
+            .map(Run::tensor_mix)
+            .unwrap_or_else(|_| MmaMix::one(MmaKind::MmaSyncBf16))
+    }
+
     fn cost(&self, job: &Job) -> Cost {
         split(job.plan).map(|s| Run::cost(job, s)).unwrap_or_default()
     }
@@ -220,7 +242,9 @@ impl Variant for V4Split {
     }
 
     fn all_kernels(&self) -> Vec<KernelSpec> {
-        [16, 32, 64, 128].into_iter().map(spec).chain([merge::spec()]).collect()
+        let mma = [16, 32, 64, 128].map(|h| spec(h, V4Core::Mma));
+        let wg = [64, 128].map(|h| spec(h, V4Core::Wg));
+        mma.into_iter().chain(wg).chain([merge::spec()]).collect()
     }
 
     fn kernels(&self, case: &Case, d: &Decision) -> Vec<KernelSpec> {

@@ -108,6 +108,10 @@ pub enum SplitSource {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct SplitPlan {
     pub n: usize,
+    /// Kernel heads and mean KV tokens per split of the real rows: the
+    /// core follows from them (`core`); 0 tokens until `with_lens`.
+    pub heads: usize,
+    pub split_tokens: usize,
     /// `[rows+1]`, `split_indptr[i] = n * i`: the table row for table plans
     /// (len `T+1`), the kernel's own CSR for `KernelPick` (len `max(N, T)+1`).
     pub split_indptr: Vec<i32>,
@@ -117,6 +121,18 @@ pub struct SplitPlan {
 }
 
 impl SplitPlan {
+    /// Records the mean tokens per split of rows of lengths `lens`.
+    pub fn with_lens(mut self, lens: &[usize]) -> Self {
+        let total: usize = lens.iter().sum();
+        self.split_tokens = total / (lens.len().max(1) * self.n.max(1));
+        self
+    }
+
+    /// The core this plan's kernel runs on, and why (`v4::core`).
+    pub fn core(&self) -> (crate::variants::v4::V4Core, String) {
+        crate::variants::v4::core(self.heads, self.split_tokens)
+    }
+
     /// Checks the CSR against `n`; every plan is checked before it runs.
     pub fn check(&self, case: &str) -> Result<(), PlanError> {
         if !(1..=MAX_SPLITS).contains(&self.n) {
@@ -172,6 +188,8 @@ pub fn v4_split_plan(
         let n = kernel_pick_splits(rows_n, heads, bound, cus);
         SplitPlan {
             n,
+            heads,
+            split_tokens: 0,
             split_indptr: uniform_csr(n, rows_n.max(t)),
             source: SplitSource::KernelPick,
             why: Some(why),
@@ -187,6 +205,8 @@ pub fn v4_split_plan(
     };
     let plan = SplitPlan {
         n,
+        heads,
+        split_tokens: 0,
         split_indptr: table_row(&uniform_table(t), t, n).to_vec(),
         source,
         why: None,

@@ -1,0 +1,222 @@
+// DeepSeek-V4 native FP8 rows on the compute-bound core (mla_wg.cuh with
+// WG_V4=1): the producer that turns them into the core's bf16 tiles.
+//
+// A packed row is 448 e4m3 "nope" dims in 7 blocks of 64, each scaled by its
+// own power of two (UE8M0 bytes at 448 + 2b), and a separate 64-dim bf16
+// rope. A 64-dim column block of the core is one scale block, so the
+// producer dequantizes blocks 0-6 and copies the rope into block 7 with
+// cp.async, 128-byte swizzled as wgmma reads them.
+//
+// Why this dequantization: e4m3 times 2^k is exact in bf16, but the
+// straightforward route (e4m3 -> f16 -> f32 -> x scale -> bf16) spends most
+// of its time in the f32 -> bf16 conversion. Here e4m3 -> f16 is one exact
+// conversion; an f16 from e4m3 has its low 7 mantissa bits zero, so shifting
+// each half right by 3 (sign kept) gives the bf16 of its value times 2^-112,
+// a normal bf16 or zero; one bf16 FMA by 2^112 and one multiply by the
+// tile's 2^k restore it exactly (any k the format encodes). NaN: an f16 NaN
+// with its low mantissa bits set is a bf16 NaN, and times 0 it is the FMA's
+// addend, so NaN stays NaN (and a finite value adds a zero).
+#pragma once
+#include "common/mla_wg.cuh"
+
+#if !WG_V4
+#error "wg_v4.cuh is the WG_V4=1 producer"
+#endif
+
+namespace mla {
+namespace wg {
+
+// The V4 operands (kernels/ABI.md): Q rows and pool rows alike are packed
+// [*, 512] u8 plus a [*, 64] bf16 rope.
+struct V4Src {
+  const unsigned char* __restrict__ q;
+  const __nv_bfloat16* __restrict__ q_rope;
+  const unsigned char* __restrict__ kv;
+  const __nv_bfloat16* __restrict__ kv_rope;
+};
+
+constexpr int V4_ROW = 512;         // packed row bytes
+constexpr int V4_SCALES = 448;      // first scale byte
+constexpr int V4_ROPE_ROW = 128;    // rope row bytes
+constexpr int V4_PREFETCH = 464;    // nope and scales: the bytes of a packed row that are read
+
+// 2^(e-127) of UE8M0 byte e as bf16x2 (e = 0: 2^-127, a subnormal).
+__device__ __forceinline__ unsigned ue8m0_bf16x2(unsigned e) {
+  const unsigned b = e ? e << 7 : 0x40u;
+  return b | (b << 16);
+}
+
+// Two e4m3 (low byte = lower dim) times the tile scale s2, as bf16x2.
+__device__ __forceinline__ unsigned dq_pair(unsigned short v, unsigned s2) {
+  const unsigned h = e4m3x2_to_f16x2(v);
+  const unsigned b = (h & 0x80008000u) | ((h >> 3) & 0x0FFF0FFFu);  // value * 2^-112
+  unsigned z, r;
+  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(z) : "r"(h | 0x01FF01FFu), "r"(0u));  // NaN or +-0
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(r) : "r"(b), "r"(0x77807780u), "r"(z));
+  asm("mul.rn.bf16x2 %0, %0, %1;\n" : "+r"(r) : "r"(s2));
+  return r;
+}
+
+// One 16-byte e4m3 chunk (16 dims) with scale byte e as bf16 chunks ch and
+// ch + 1 of row r's 128-byte line in the column block at `blk`. (Folding
+// the 2^112 into the scale saves a multiply per pair but needs a per-chunk
+// vote for scales past bf16's range; it measured 3-5% slower.)
+__device__ __forceinline__ void st_v4_chunk(unsigned blk, int r, int ch, uint4 v, unsigned e) {
+  const unsigned s2 = ue8m0_bf16x2(e & 0xFFu);
+  const unsigned w[4] = {v.x, v.y, v.z, v.w};
+  unsigned h[8];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    h[2 * i] = dq_pair(static_cast<unsigned short>(w[i] & 0xFFFFu), s2);
+    h[2 * i + 1] = dq_pair(static_cast<unsigned short>(w[i] >> 16), s2);
+  }
+  const unsigned row = blk + r * 128;
+  sts_v4(row + ((ch ^ (r & 7)) << 4), h[0], h[1], h[2], h[3]);
+  sts_v4(row + (((ch + 1) ^ (r & 7)) << 4), h[4], h[5], h[6], h[7]);
+}
+
+__device__ __forceinline__ uint2 ld_scales(const unsigned char* p, bool ok) {
+  return ok ? __ldg(reinterpret_cast<const uint2*>(p)) : make_uint2(0u, 0u);
+}
+
+// A group of packed rows held in registers, rows tg + 16k (source row e[k],
+// e[k] < 0: zeros), chunk l8 of each 128-byte line, as the fp8 Lines of
+// mla_wg.cuh. Lower (blocks 0-3): lines 0 and 1, scale bytes 448..455.
+// Upper (blocks 4-6): line 2, and block 6's 64 bytes spread two chunks per
+// thread (chunk l8 % 4 of rows k = l8 / 4 and l8 / 4 + 2), scale bytes
+// 456..463; the rope (block 7) goes by cp.async.
+struct V4Lines {
+  uint4 d[8];
+  unsigned sc[4];  // row k's two scale bytes: lower blocks l8/4 and 2 + l8/4; upper 4 + l8/4 and 6
+
+  template <bool UP>
+  __device__ __forceinline__ void load(const unsigned char* __restrict__ src, const int (&e)[4], int l8) {
+    auto row = [&](int k) { return src + static_cast<long long>(max(e[k], 0)) * V4_ROW; };
+    if (!UP) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) d[4 * j + k] = ld_chunk(row(k) + j * 128 + l8 * 16, e[k] >= 0);
+    } else {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) d[k] = ld_chunk(row(k) + 256 + l8 * 16, e[k] >= 0);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        // Row (l8 / 4) + 2h, by selects: a runtime index would put e in local memory.
+        const int ek = (l8 >> 2) ? e[1 + 2 * h] : e[2 * h];
+        d[4 + h] = ld_chunk(src + static_cast<long long>(max(ek, 0)) * V4_ROW + 384 + (l8 & 3) * 16, ek >= 0);
+      }
+    }
+    // Scale bytes are doubled (s0 s0 s1 s1 ...): block b's is byte 2b. Only
+    // the two this thread uses stay live (waiting for them here costs
+    // nothing: the stores after the wait need the chunks loaded with them).
+    const int hi = l8 >> 2;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint2 w = ld_scales(row(k) + V4_SCALES + (UP ? 8 : 0), e[k] >= 0);
+      sc[k] = ((w.x >> (16 * hi)) & 0xFFu) | (((UP ? w.y : w.y >> (16 * hi)) & 0xFFu) << 8);
+    }
+  }
+
+  template <bool UP>
+  __device__ __forceinline__ void store(unsigned buf, int tg, int l8) const {
+    const int hi = l8 >> 2, ch = 2 * (l8 & 3);
+    if (!UP) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+          st_v4_chunk(buf + (2 * j + hi) * CB, tg + 16 * k, ch, d[4 * j + k], sc[k] >> (8 * j));
+    } else {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) st_v4_chunk(buf + (4 + hi) * CB, tg + 16 * k, ch, d[k], sc[k]);
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        st_v4_chunk(buf + 6 * CB, tg + 16 * (hi + 2 * h), ch, d[4 + h], (hi ? sc[1 + 2 * h] : sc[2 * h]) >> 8);
+    }
+    fence_proxy_async();  // generic stores, read by wgmma through the async proxy
+  }
+};
+
+// The rope of rows tg + 16k (chunk l8) into block 7 at `buf`, by cp.async.
+__device__ __forceinline__ void rope_cp(unsigned buf, const __nv_bfloat16* __restrict__ rope, const int (&e)[4],
+                                        int tg, int l8) {
+  const unsigned char* src = reinterpret_cast<const unsigned char*>(rope);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int t = tg + 16 * k;
+    cp_async16(buf + 7 * CB + t * 128 + ((l8 ^ (t & 7)) << 4),
+               src + static_cast<long long>(max(e[k], 0)) * V4_ROPE_ROW + l8 * 16, e[k] >= 0);
+  }
+}
+
+// Pulls pair pr's packed rows and ropes into L2 (as prefetch_pair).
+__device__ __forceinline__ void prefetch_v4(const Pass& ps, int pr, int p, const V4Src& s) {
+  const int t = ps.t0 + 2 * pr * BN + p;
+  if (!ps.prefetch || t >= ps.t_end) return;
+  const long long e = __ldg(ps.idx + t);
+  prefetch_lines<V4_PREFETCH>(s.kv + e * V4_ROW);
+  prefetch_lines<V4_ROPE_ROW>(reinterpret_cast<const unsigned char*>(s.kv_rope) + e * V4_ROPE_ROW);
+}
+
+// Producer (warpgroup 2), V4: Q, then both buffers of every pair (page size
+// 1), each group loaded into registers before its buffer is free. The lane
+// mapping is the fp8 producer's (tg ^ 1 on lanes 4-7: conflict-free stores).
+__device__ void produce_v4(unsigned base, const Pass& ps, Phase& ph, const V4Src& s) {
+  const int p = threadIdx.x - 2 * 128;
+  const int l8 = p & 7, tg = (p >> 3) ^ (l8 >> 2);
+  const unsigned bars = base + OFF_BAR;
+  prefetch_v4(ps, 0, p, s);
+  {
+    const unsigned char* qb = s.q + ps.q_row0 * V4_ROW;
+    int e[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) e[k] = tg + 16 * k < ps.nrows ? tg + 16 * k : -1;
+    V4Lines ln;
+    ln.load<false>(qb, e, l8);
+    mbar_wait(bars + 8 * BAR_QEMPTY, (ph.items & 1) ^ 1);
+    rope_cp(base + OFF_Q, s.q_rope + ps.q_row0 * 64, e, tg, l8);
+    ln.store<false>(base + OFF_Q, tg, l8);
+    ln.load<true>(qb, e, l8);
+    ln.store<true>(base + OFF_Q, tg, l8);
+    cp_async_wait<0>();
+    mbar_arrive(bars + 8 * BAR_QFULL);
+  }
+  const int np = n_pairs(ps);
+  for (int pr = 0; pr < np; ++pr, ++ph.pairs) {
+    prefetch_v4(ps, pr + 1, p, s);
+    // In the order the consumers free them: 0A, 1A, 0B, 1B. Group A of
+    // buffer 0 and group B of buffer 1 are blocks 0-3 (lower), the others
+    // blocks 4-7 (upper).
+#pragma unroll
+    for (int step = 0; step < 4; ++step) {
+      const int b = step & 1, g = step >> 1;
+      int e[4];
+      tile_rows<1>(ps, ps.t0 + (2 * pr + b) * BN, tg, e);
+      V4Lines ln;
+      const unsigned buf = base + OFF_BUF + b * TILE;
+      const unsigned full = bars + 8 * (BAR_FULL + b * NCB);
+      const unsigned empty = empty_bar(bars, b, g);
+      const unsigned parity = (ph.pairs & 1) ^ 1;
+      if (b == g) {
+        ln.load<false>(s.kv, e, l8);
+        mbar_wait(empty, parity);
+        ln.store<false>(buf, tg, l8);
+#pragma unroll
+        for (int c = 0; c < 4; ++c) mbar_arrive(full + 8 * c);
+      } else {
+        ln.load<true>(s.kv, e, l8);
+        mbar_wait(empty, parity);
+        rope_cp(buf, s.kv_rope, e, tg, l8);
+        mbar_arrive_cp_async(full + 8 * 7);
+        ln.store<true>(buf, tg, l8);
+#pragma unroll
+        for (int c = 4; c < 7; ++c) mbar_arrive(full + 8 * c);
+      }
+    }
+  }
+  ++ph.items;
+}
+
+}  // namespace wg
+}  // namespace mla
