@@ -4,11 +4,11 @@
 // The plan is read from device memory, so a captured graph replays correctly
 // with new kv_indptr / kv_indices contents.
 #include "v4_core.cuh"
+#include "common/v4_split_range.cuh"
 
 // grid (HK/64 or 1, rows, n_max), block 256, dynamic smem v4::SMEM_BYTES (head
 // groups fastest, so both halves of a row's heads meet its KV in L2 together).
-// Split s of row i covers the row's tokens [ceil(len*s/n), ceil(len*(s+1)/n)),
-// n = split_indptr[i+1] - split_indptr[i]; it writes slot split_indptr[i] + s.
+// The split rule: common/v4_split_range.cuh.
 // An empty split (pad rows included) writes only its LSE (-inf), not its o.
 extern "C" __global__ void __launch_bounds__(v4::THREADS, 1)
     v4_split(const unsigned char* __restrict__ q_packed, const __nv_bfloat16* __restrict__ q_rope,
@@ -18,24 +18,17 @@ extern "C" __global__ void __launch_bounds__(v4::THREADS, 1)
              float sm_scale, int rows, float* __restrict__ part_o, float* __restrict__ part_lse) {
   extern __shared__ __align__(16) char sm[];
   const int h0 = blockIdx.x * v4::HG, row = blockIdx.y, s = blockIdx.z;
-  if (row >= rows) return;
-  const int slot0 = split_indptr[row];
-  const int n = split_indptr[row + 1] - slot0;
-  if (s >= n) return;
-  const int beg = kv_indptr[row];
-  const long long len = kv_indptr[row + 1] - beg;
-  const long long a = (len * s + n - 1) / n;
-  const long long b = (len * (s + 1) + n - 1) / n;
-  if (b <= a) {
-    const long long slot = static_cast<long long>(slot0) + s;
+  v4split::Range sr;
+  if (!v4split::split_range(split_indptr, kv_indptr, row, s, rows, sr)) return;
+  if (sr.b <= sr.a) {
     // Pad rows (length 0) and empty splits: LSE -inf is all split_merge needs
     // (a part of LSE -inf has weight 0 and its o is never read), so skip the
     // Q load, the pipeline and the 128 KB partial write.
-    if (threadIdx.x < v4::HG) part_lse[slot * v4::HK + h0 + threadIdx.x] = V4_NEG_INF;
+    if (threadIdx.x < v4::HG) part_lse[sr.slot() * v4::HK + h0 + threadIdx.x] = V4_NEG_INF;
     return;
   }
   const v4::Src src{q_packed, q_rope, pool_packed, pool_rope, kv_indices, sm_scale * v4::LOG2E};
   v4::Acc acc;
-  v4::attend(sm, src, row, h0, beg + a, static_cast<int>(b - a), acc);
-  v4::store_partial(sm, acc, part_o, part_lse, static_cast<long long>(slot0) + s, h0);
+  v4::attend(sm, src, row, h0, sr.beg + sr.a, static_cast<int>(sr.b - sr.a), acc);
+  v4::store_partial(sm, acc, part_o, part_lse, sr.slot(), h0);
 }

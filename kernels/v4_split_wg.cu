@@ -4,6 +4,7 @@
 // f32 partial without the sink; split_merge (merge.cu) adds the sink once.
 // Same ABI as v4_split.cu except the block: kernels/ABI.md.
 // Defines: HK (64 or 128), KV_FP8=1, WG_V4=1.
+#include "common/v4_split_range.cuh"
 #include "common/wg_v4.cuh"
 
 using namespace mla;
@@ -22,9 +23,8 @@ struct V4Rows {
 
 }  // namespace
 
-// grid (HK/64, rows, n), block 384. Split s of row i covers the row's tokens
-// [ceil(len*s/n), ceil(len*(s+1)/n)), n = split_indptr[i+1] - split_indptr[i];
-// it writes slot split_indptr[i] + s. An empty split (pad rows included)
+// grid (HK/64, rows, n), block 384; the split rule: common/v4_split_range.cuh.
+// An empty split (pad rows included)
 // writes only its LSE (-inf), which is all split_merge reads of it.
 extern "C" __global__ void __launch_bounds__(wg::THREADS, 1)
     v4_split(const unsigned char* __restrict__ q_packed, const __nv_bfloat16* __restrict__ q_rope,
@@ -34,27 +34,20 @@ extern "C" __global__ void __launch_bounds__(wg::THREADS, 1)
              float* __restrict__ part_lse) {
   extern __shared__ __align__(1024) unsigned char smem[];
   wg::check_launch();
-  const int h0 = blockIdx.x * wg::BM, row = blockIdx.y, s = blockIdx.z;
-  if (row >= rows) return;
-  const int slot0 = split_indptr[row];
-  const int n = split_indptr[row + 1] - slot0;
-  if (s >= n) return;
-  const int beg = kv_indptr[row];
-  const long long len = kv_indptr[row + 1] - beg;
-  const long long a = (len * s + n - 1) / n;
-  const long long b = (len * (s + 1) + n - 1) / n;
-  const long long slot = static_cast<long long>(slot0) + s;
-  if (b <= a) {
-    if (threadIdx.x < wg::BM) part_lse[slot * HK + h0 + threadIdx.x] = ninf();
+  const int h0 = blockIdx.x * wg::BM, row = blockIdx.y;
+  v4split::Range sr;
+  if (!v4split::split_range(split_indptr, kv_indptr, row, blockIdx.z, rows, sr)) return;
+  if (sr.b <= sr.a) {
+    if (threadIdx.x < wg::BM) part_lse[sr.slot() * HK + h0 + threadIdx.x] = ninf();
     return;
   }
   const unsigned base = wg::setup(smem);
   wg::Pass ps;
   ps.q_row0 = static_cast<long long>(row) * HK + h0;
   ps.nrows = wg::BM;
-  ps.t0 = static_cast<int>(a);
-  ps.t_end = static_cast<int>(b);
-  ps.idx = kv_indices + beg;
+  ps.t0 = static_cast<int>(sr.a);
+  ps.t_end = static_cast<int>(sr.b);
+  ps.idx = kv_indices + sr.beg;
   ps.prefetch = true;
   wg::Phase ph;
   if (wg::warpgroup() == 2) {
@@ -62,7 +55,7 @@ extern "C" __global__ void __launch_bounds__(wg::THREADS, 1)
     wg::produce_v4(base, ps, ph, wg::V4Src{q_packed, q_rope, pool_packed, pool_rope});
   } else {
     wg::regs_inc<wg::CONSUMER_REGS>();
-    const V4Rows rw{ps.t_end, slot * HK + h0};
+    const V4Rows rw{ps.t_end, sr.slot() * HK + h0};
     wg::consume(base, ps, rw, ph, sm_scale * LOG2E, 1.f, true, nullptr, part_o, part_lse);
   }
 }

@@ -63,9 +63,10 @@ pub enum V4Core {
 /// Fewest KV tokens per split (mean over the real rows) for the wgmma core:
 /// below it the CTA's fixed cost (Q dequantized, the pipeline filled, 384
 /// threads' partial written) outweighs its faster loop. On the H200
-/// (results/h200/peers/dsv4-peers) the wgmma core was 2-18% slower at 384
-/// and 576 tokens per split (CSA lists) and 1.3-1.45x faster at 4,000 and
-/// more (HCA lists); 1024 sits between, unmeasured.
+/// (dsv4-peers, the A/B calls of docs/kernels.md "The V4 rows on the wgmma
+/// core") the wgmma core was 2-18% slower at 384 and 576 tokens per split
+/// (CSA lists) and 1.25-1.45x faster at 4,000 and more (HCA lists); 1024
+/// sits between, unmeasured.
 pub const WG_MIN_SPLIT_TOKENS: usize = 1024;
 
 /// The core for `hk` kernel heads at `split_tokens` KV tokens per split,
