@@ -9,65 +9,13 @@
 // and subtracts the field back to 0. Nobody waits on anybody, so any CTA
 // scheduling order is safe. P here is the effective count (effective_parts):
 // at most one wave of CTAs and at least HCA_MIN_TOKENS tokens per partition.
+#include "common/hca_parts.cuh"
 #include "v4_core.cuh"
 
+using hca::bound;
+using hca::part_of;
+
 namespace {
-
-// Largest r in [0, n) with indptr[r] - base <= x (x < total): a 256-ary search,
-// two rounds for n <= 65536.
-__device__ int find_row(const int* indptr, int n, long long base, long long x) {
-  int lo = 0, hi = n;
-  while (hi - lo > 1) {
-    const int step = (hi - lo + v4::THREADS - 1) / v4::THREADS;
-    const int r = lo + static_cast<int>(threadIdx.x) * step;
-    const bool pred = r < hi && static_cast<long long>(indptr[r]) - base <= x;
-    const int c = __syncthreads_count(pred);
-    const int nlo = lo + (c - 1) * step;
-    hi = min(nlo + step, hi);
-    lo = nlo;
-  }
-  return lo;
-}
-
-// Partition p covers [bound(p), bound(p+1)).
-__device__ __forceinline__ long long bound(long long p, long long total, int parts) {
-  return p * total / parts;
-}
-// The partition holding flattened token x: the largest p with bound(p) <= x.
-__device__ __forceinline__ int part_of(long long x, long long total, int parts) {
-  return static_cast<int>(((x + 1) * parts - 1) / total);
-}
-
-// Pieces of a row [st, en) (en > st): the non-empty partitions it meets.
-__device__ int row_pieces(long long st, long long en, long long total, int parts) {
-  const int pf = part_of(st, total, parts), pl = part_of(en - 1, total, parts);
-  if (total >= parts) return pl - pf + 1;  // no partition is empty
-  int c = 0;
-  for (int q = pf; q <= pl; ++q) c += bound(q + 1, total, parts) > bound(q, total, parts);
-  return c;
-}
-
-// Minimum tokens per partition: below it a CTA's fixed cost (Q load,
-// pipeline fill, partial write, merge) outweighs the parallelism it buys.
-// The host's plan (hca_partition_plan) needs the same value, so the host
-// passes it from its one constant.
-#ifndef HCA_MIN_TOKENS
-#error "the host sets HCA_MIN_TOKENS"
-#endif
-static_assert(HCA_MIN_TOKENS >= 1, "HCA_MIN_TOKENS must be positive");
-
-// The partitions this call uses: P_eff = min(parts, SMs / head groups,
-// ceil(total / HCA_MIN_TOKENS)), >= 1: at most one wave of one CTA per SM.
-// CTAs with p >= P_eff exit at once.
-__device__ __forceinline__ int effective_parts(long long total, int parts) {
-  unsigned nsm;
-  asm("mov.u32 %0, %%nsmid;" : "=r"(nsm));
-  long long pe = static_cast<long long>(nsm) / gridDim.x;
-  const long long by_work = (total + HCA_MIN_TOKENS - 1) / HCA_MIN_TOKENS;
-  if (by_work < pe) pe = by_work;
-  if (parts < pe) pe = parts;
-  return pe < 1 ? 1 : static_cast<int>(pe);
-}
 
 // The last finisher of (row r, this head group) merges in registers: its own
 // piece is still in `acc` (unnormalized, m and l in SM_ML), the other pieces
@@ -87,7 +35,7 @@ __device__ __forceinline__ void merge_regs(char* sm, v4::Acc& acc, int r, int h0
   for (int k = tid; k < np; k += THREADS) {
     const int q = pf + k;
     const long long b0 = bound(q, total, parts), b1 = bound(q + 1, total, parts);
-    slots[k] = (b1 > b0 && q != p_self) ? 2 * q + (b0 < st ? 1 : 0) : -1;
+    slots[k] = (b1 > b0 && q != p_self) ? hca::piece_slot(q, b0, st) : -1;
   }
   __syncthreads();
   const float* ml = reinterpret_cast<const float*>(sm + SM_ML);
@@ -208,7 +156,7 @@ extern "C" __global__ void __launch_bounds__(v4::THREADS, 1)
   const long long base = kv_indptr[0];
   const long long total = static_cast<long long>(kv_indptr[n_rows]) - base;
   if (total <= 0) return;
-  const int pe = effective_parts(total, parts);
+  const int pe = hca::effective_parts(total, parts);
   if (p >= pe) return;
   const long long lo = bound(p, total, pe), hi = bound(p + 1, total, pe);
   if (lo >= hi) return;
@@ -217,7 +165,7 @@ extern "C" __global__ void __launch_bounds__(v4::THREADS, 1)
   // This head group's field of the row counter (bits 16g..16g+15).
   const int shift = 16 * static_cast<int>(blockIdx.x);
 
-  for (int r = find_row(kv_indptr, n_rows, base, lo); r < n_rows; ++r) {
+  for (int r = hca::find_row<THREADS>(kv_indptr, n_rows, base, lo); r < n_rows; ++r) {
     const long long st = kv_indptr[r] - base, en = kv_indptr[r + 1] - base;
     if (st >= hi) break;
     if (en <= st) continue;
@@ -228,11 +176,11 @@ extern "C" __global__ void __launch_bounds__(v4::THREADS, 1)
       store_final(sm, acc, o, lse, r, h0, sink);
       continue;
     }
-    store_partial(sm, acc, o_acc, lse_acc, 2LL * p + (st > lo ? 1 : 0), h0);
+    store_partial(sm, acc, o_acc, lse_acc, hca::piece_slot(p, lo, st), h0);
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
-      const int pieces = row_pieces(st, en, total, pe);
+      const int pieces = hca::row_pieces(st, en, total, pe);
       const int old = atomicAdd(counters + r, 1 << shift);
       const bool last = ((old >> shift) & 0xffff) == pieces - 1;
       // Every piece of this group has arrived: take the group's share back

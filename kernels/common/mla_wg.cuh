@@ -545,6 +545,21 @@ __device__ __forceinline__ void publish(unsigned sm, unsigned sc, int c, float m
   }
 }
 
+// A row's output scale and LSE with a sink logit sk (log2 domain) beside
+// its running max m and sum L: the max taken over both first, so neither
+// exponential overflows.
+__device__ __forceinline__ void with_sink(float sk, float m, float L, float out_scale, float& inv, float& lse_out) {
+  if (L > 0.f) {
+    const float mf = fmaxf(m, sk), a = exp2f(m - mf);
+    const float lf = L * a + exp2f(sk - mf);
+    inv = out_scale * a / lf;
+    lse_out = (mf + log2f(lf)) * LN2;
+  } else {
+    inv = 0.f;
+    lse_out = sk == ninf() ? ninf() : sk * LN2;
+  }
+}
+
 // One consumer thread's state over a pass: its rows, O slice, S / P tile and
 // row sums, and the shared-memory addresses of the seesaw.
 struct Consumer {
@@ -653,8 +668,10 @@ struct Consumer {
 
 // Consumers (warpgroups 0 and 1): the seesaw over the pass's pairs, then
 // this warpgroup's 256 output dims. `rows.lim(r)` is row r's token limit
-// (<= t0 for rows past nrows), `rows.o_row(r)` its output / LSE row.
-template <class Rows>
+// (<= t0 for rows past nrows), `rows.o_row(r)` its output / LSE row; with
+// SINK, `rows.sink_log2(r)` (log2 domain, -inf: none) joins row r's
+// denominator and LSE as one more logit with a zero value (V4's sink).
+template <class Rows, bool SINK = false>
 __device__ void consume(unsigned base, const Pass& ps, const Rows& rows, Phase& ph,
                         float scale_log2, float out_scale, bool to_part, __nv_bfloat16* __restrict__ o,
                         float* __restrict__ part_o, float* __restrict__ lse) {
@@ -686,6 +703,11 @@ __device__ void consume(unsigned base, const Pass& ps, const Rows& rows, Phase& 
   const unsigned sl = base + OFF_L;
   const int np = n_pairs(ps), nrows = ps.nrows, t0 = ps.t0;
   const long long o0 = rows.o_row(r0), o1 = rows.o_row(r1);  // now, so Rows need not stay live
+  float sk0 = 0.f, sk1 = 0.f;
+  if constexpr (SINK) {
+    sk0 = rows.sink_log2(r0);
+    sk1 = rows.sink_log2(r1);
+  }
 
   mbar_wait(bars + 8 * BAR_QFULL, ph.items & 1);
   if (np > 0) {
@@ -722,11 +744,23 @@ __device__ void consume(unsigned base, const Pass& ps, const Rows& rows, Phase& 
   const float L0 = lds_f32(sl + 4 * r0) + lds_f32(sl + 4 * (BM + r0));
   const float L1 = lds_f32(sl + 4 * r1) + lds_f32(sl + 4 * (BM + r1));
   const bool v0 = r0 < nrows, v1 = r1 < nrows;
-  if (wgi == 0 && c == 0) {
-    if (v0) lse[o0] = L0 > 0.f ? (m0 + log2f(L0)) * LN2 : ninf();
-    if (v1) lse[o1] = L1 > 0.f ? (m1 + log2f(L1)) * LN2 : ninf();
+  float i0, i1;
+  if constexpr (SINK) {
+    float e0, e1;
+    with_sink(sk0, m0, L0, out_scale, i0, e0);
+    with_sink(sk1, m1, L1, out_scale, i1, e1);
+    if (wgi == 0 && c == 0) {
+      if (v0) lse[o0] = e0;
+      if (v1) lse[o1] = e1;
+    }
+  } else {
+    if (wgi == 0 && c == 0) {
+      if (v0) lse[o0] = L0 > 0.f ? (m0 + log2f(L0)) * LN2 : ninf();
+      if (v1) lse[o1] = L1 > 0.f ? (m1 + log2f(L1)) * LN2 : ninf();
+    }
+    i0 = L0 > 0.f ? out_scale / L0 : 0.f;
+    i1 = L1 > 0.f ? out_scale / L1 : 0.f;
   }
-  const float i0 = L0 > 0.f ? out_scale / L0 : 0.f, i1 = L1 > 0.f ? out_scale / L1 : 0.f;
   const int d0 = 256 * wgi + 2 * c;
 #pragma unroll
   for (int i = 0; i < 32; ++i) {

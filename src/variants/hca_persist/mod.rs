@@ -14,7 +14,7 @@ use super::emulate::{Emulation, Fault};
 use super::program::{Arg, Call, Fill, Init, Program, Smem};
 use super::v4::checks::PadRows;
 use super::v4::emulate::{rename, run_v4_rows, with_steps};
-use super::v4::{self, program::Inputs};
+use super::v4::{self, program::Inputs, V4Core};
 use super::v4_split::plan::SplitPlan;
 use super::v4_split::{self, Run as Fallback};
 use super::{
@@ -24,7 +24,7 @@ use super::{
 use crate::case::{Case, V4_D};
 use crate::reference::RefSet;
 use crate::result::Check;
-use crate::tensor_ceiling::{MmaKind, MmaMix};
+use crate::tensor_ceiling::MmaMix;
 use plan::{hca_call_plan, hca_gates, HcaPlan, HCA_MIN_TOKENS};
 
 pub const ID: VariantId = VariantId("hca_persist");
@@ -42,21 +42,56 @@ static INFO: VariantInfo = VariantInfo {
     takes_split_axis: false,
 };
 
-/// The plan of a case whose gates pass: the workspace's partitions and the
-/// split the kernel will compute from the real lengths.
+/// The plan of a case whose gates pass: the workspace's partitions, the
+/// split the kernel will compute from the real lengths, and the core its
+/// partitions' length picks.
 pub struct HcaPersistPlan {
     pub partitions: usize,
     pub plan: HcaPlan,
+    pub core: V4Core,
+    pub why: String,
 }
 
 pub struct HcaPersist;
 
-/// The kernel; the host's partition floor reaches it as a define, so the
-/// plan emulated here and the one computed on the GPU agree.
-pub fn spec(hk: usize) -> KernelSpec {
-    KernelSpec::new("hca_persist.cu", &["hca_persist"])
-        .define("V4_HEADS", hk)
-        .define("HCA_MIN_TOKENS", HCA_MIN_TOKENS)
+/// The kernel of `core`; the host's partition floor reaches it as a define,
+/// so the plan emulated here and the one computed on the GPU agree.
+pub fn spec(hk: usize, core: V4Core) -> KernelSpec {
+    match core {
+        V4Core::Mma => KernelSpec::new("hca_persist.cu", &["hca_persist"]).define("V4_HEADS", hk),
+        V4Core::Wg => KernelSpec::new("hca_persist_wg.cu", &["hca_persist"])
+            .define("HK", hk)
+            .define("KV_FP8", 1)
+            .define("WG_V4", 1),
+    }
+    .define("HCA_MIN_TOKENS", HCA_MIN_TOKENS)
+}
+
+/// The core for a call plan, and why: `v4::core` with a partition as the
+/// split (every partition streams its tokens on one CTA per head group).
+fn core_of(plan: &HcaPlan, hk: usize) -> (V4Core, String) {
+    let (core, why) = v4::core(hk, plan.tokens_per_partition());
+    (
+        core,
+        format!(
+            "{why} (a split here is a partition: {} tokens over P_eff={})",
+            plan.total, plan.partitions
+        ),
+    )
+}
+
+/// The call plan of a case whose gates pass.
+fn call_plan(case: &Case) -> Result<HcaPersistPlan, String> {
+    let p = v4::params(case)?;
+    let lens: Vec<usize> = p.positions.iter().map(|&pos| v4::row_len(p, pos)).collect();
+    let plan = hca_call_plan(&lens, case.v4.partitions, case.cus, p.kernel_heads())?;
+    let (core, why) = core_of(&plan, p.kernel_heads());
+    Ok(HcaPersistPlan {
+        partitions: case.v4.partitions,
+        plan,
+        core,
+        why,
+    })
 }
 
 fn fallback(plan: &Plan) -> Option<&SplitPlan> {
@@ -95,14 +130,8 @@ impl Variant for HcaPersist {
         if d.fallback.is_some() {
             return v4_split::V4Split.plan(case, d, data);
         }
-        let p = v4::params(case).map_err(|e| PlanError::new(&case.key(), e))?;
-        let lens: Vec<usize> = p.positions.iter().map(|&pos| v4::row_len(p, pos)).collect();
-        let plan = hca_call_plan(&lens, case.v4.partitions, case.cus, p.kernel_heads())
-            .map_err(|what| PlanError::new(&case.key(), what))?;
-        Ok(Plan::new(HcaPersistPlan {
-            partitions: case.v4.partitions,
-            plan,
-        }))
+        let plan = call_plan(case).map_err(|what| PlanError::new(&case.key(), what))?;
+        Ok(Plan::new(plan))
     }
 
     fn summary(&self, plan: &Plan) -> String {
@@ -112,8 +141,11 @@ impl Variant for HcaPersist {
         plan.of::<HcaPersistPlan>()
             .map(|h| {
                 format!(
-                    "P={} (uses {}) split-rows={}",
-                    h.partitions, h.plan.partitions, h.plan.split_rows
+                    "P={} (uses {}) split-rows={} core={}",
+                    h.partitions,
+                    h.plan.partitions,
+                    h.plan.split_rows,
+                    h.core.name()
                 )
             })
             .unwrap_or_default()
@@ -122,15 +154,19 @@ impl Variant for HcaPersist {
     fn details(&self, plan: &Plan, _items: bool) -> Vec<String> {
         match fallback(plan) {
             Some(s) => Fallback::details(s),
-            None => vec!["core=mma: hca_persist's own kernel (v4_core.cuh)".into()],
+            None => plan
+                .of::<HcaPersistPlan>()
+                .map(|h| vec![format!("core={}: {}", h.core.name(), h.why)])
+                .unwrap_or_default(),
         }
     }
 
     /// The fallback runs v4_split's kernel, and so its core.
     fn tensor_mix(&self, job: &Job) -> MmaMix {
-        match fallback(job.plan) {
-            Some(s) => Fallback::tensor_mix(s),
-            None => MmaMix::one(MmaKind::MmaSyncBf16),
+        match (fallback(job.plan), job.plan.of::<HcaPersistPlan>()) {
+            (Some(s), _) => Fallback::tensor_mix(s),
+            (None, Some(h)) => h.core.tensor_mix(),
+            (None, None) => V4Core::Mma.tensor_mix(),
         }
     }
 
@@ -167,14 +203,16 @@ impl Variant for HcaPersist {
     }
 
     fn all_kernels(&self) -> Vec<KernelSpec> {
-        vec![spec(plan::HCA_HEADS)]
+        vec![spec(plan::HCA_HEADS, V4Core::Mma), spec(plan::HCA_HEADS, V4Core::Wg)]
     }
 
     fn kernels(&self, case: &Case, d: &Decision) -> Vec<KernelSpec> {
         match (case.v4(), &d.fallback) {
             (None, _) => vec![],
             (Some(_), Some(_)) => Fallback::kernels(case),
-            (Some(p), None) => vec![spec(p.kernel_heads())],
+            (Some(p), None) => call_plan(case)
+                .map(|h| vec![spec(p.kernel_heads(), h.core)])
+                .unwrap_or_default(),
         }
     }
 
@@ -236,11 +274,11 @@ impl Variant for HcaPersist {
         let counters = p.buffer("counters", w.t.max(1) * 4, Init::Zero);
         p.at_rest.push(counters);
         p.calls.push(Call {
-            kernel: spec(hk),
+            kernel: spec(hk, h.core),
             entry: "hca_persist",
             grid: (v4::groups(hk), parts as u32, 1),
-            block: 256,
-            smem: Smem::Fixed(v4::smem(hk)),
+            block: h.core.block(),
+            smem: Smem::Fixed(h.core.smem(hk)),
             args: vec![
                 Arg::Buf(inp.q),
                 Arg::Buf(inp.q_rope),
@@ -298,4 +336,35 @@ fn run(w: &crate::workload::V4Workload, plan: &HcaPlan, rows: &[usize], emu: &mu
             .collect()
     };
     run_v4_rows(w, &live, pieces, emu)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use plan::hca_partition_plan;
+
+    #[test]
+    fn partitions_long_enough_take_the_wgmma_core() {
+        // 8 partitions of 1500 tokens: each CTA streams 1500 > 1024.
+        let long = hca_partition_plan(&[3000, 9000], 8).unwrap();
+        let (core, why) = core_of(&long, 128);
+        assert_eq!(core, V4Core::Wg);
+        assert!(why.contains("12000 tokens over P_eff=8"), "{why}");
+        assert_eq!(spec(128, core).file, "hca_persist_wg.cu");
+        // The same lengths over 16 partitions: 750 tokens each.
+        let short = hca_partition_plan(&[3000, 9000], 16).unwrap();
+        assert_eq!(core_of(&short, 128).0, V4Core::Mma);
+        assert_eq!(spec(128, V4Core::Mma).file, "hca_persist.cu");
+    }
+
+    #[test]
+    fn both_cores_get_the_partition_floor() {
+        for core in [V4Core::Mma, V4Core::Wg] {
+            let s = spec(128, core);
+            assert!(s
+                .defines
+                .iter()
+                .any(|(k, v)| k == "HCA_MIN_TOKENS" && v == &HCA_MIN_TOKENS.to_string()));
+        }
+    }
 }

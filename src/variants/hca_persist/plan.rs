@@ -205,6 +205,11 @@ impl HcaPlan {
         2 * self.partitions
     }
 
+    /// Mean KV tokens a partition streams: what picks the core (`v4::core`).
+    pub fn tokens_per_partition(&self) -> usize {
+        self.total / self.partitions.max(1)
+    }
+
     /// Every token of every row in exactly one piece; empty rows get none;
     /// pieces inside their partition; a row is direct (one piece, no slot)
     /// or split (every piece has a slot); slots distinct and below `2P`.
