@@ -57,14 +57,8 @@ pub struct HcaPersist;
 /// The kernel of `core`; the host's partition floor reaches it as a define,
 /// so the plan emulated here and the one computed on the GPU agree.
 pub fn spec(hk: usize, core: V4Core) -> KernelSpec {
-    match core {
-        V4Core::Mma => KernelSpec::new("hca_persist.cu", &["hca_persist"]).define("V4_HEADS", hk),
-        V4Core::Wg => KernelSpec::new("hca_persist_wg.cu", &["hca_persist"])
-            .define("HK", hk)
-            .define("KV_FP8", 1)
-            .define("WG_V4", 1),
-    }
-    .define("HCA_MIN_TOKENS", HCA_MIN_TOKENS)
+    core.spec("hca_persist.cu", "hca_persist_wg.cu", "hca_persist", hk)
+        .define("HCA_MIN_TOKENS", HCA_MIN_TOKENS)
 }
 
 /// The core for a call plan, and why: `v4::core` with a partition as the

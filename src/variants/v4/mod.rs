@@ -9,7 +9,7 @@ pub mod program;
 use crate::case::{Case, CaseParams, LayerType, V4Params, V4_WINDOW};
 use crate::workload::{V4Workload, Workload};
 
-use super::{Cost, Job};
+use super::{Cost, Job, KernelSpec};
 use crate::tensor_ceiling::{MmaKind, MmaMix};
 
 /// The V4 parameters of a case, or why a variant cannot run it.
@@ -112,6 +112,18 @@ impl V4Core {
         match self {
             V4Core::Mma => smem(hk),
             V4Core::Wg => wg_smem(),
+        }
+    }
+
+    /// The kernel `entry` of this core, from `mma` or `wg`: the defines
+    /// each core's sources take for `hk` kernel heads and V4 rows.
+    pub fn spec(self, mma: &'static str, wg: &'static str, entry: &'static str, hk: usize) -> KernelSpec {
+        match self {
+            V4Core::Mma => KernelSpec::new(mma, &[entry]).define("V4_HEADS", hk),
+            V4Core::Wg => KernelSpec::new(wg, &[entry])
+                .define("HK", hk)
+                .define("KV_FP8", 1)
+                .define("WG_V4", 1),
         }
     }
 

@@ -42,13 +42,7 @@ pub struct V4Split;
 
 /// The kernel of `core` for `hk` kernel heads.
 pub fn spec(hk: usize, core: V4Core) -> KernelSpec {
-    match core {
-        V4Core::Mma => KernelSpec::new("v4_split.cu", &["v4_split"]).define("V4_HEADS", hk),
-        V4Core::Wg => KernelSpec::new("v4_split_wg.cu", &["v4_split"])
-            .define("HK", hk)
-            .define("KV_FP8", 1)
-            .define("WG_V4", 1),
-    }
+    core.spec("v4_split.cu", "v4_split_wg.cu", "v4_split", hk)
 }
 
 /// The split plan of a case: the scenario's fixed `n`, else the heuristic's.
