@@ -60,20 +60,20 @@ pub enum V4Core {
     Wg,
 }
 
-/// Fewest KV tokens per split (mean over the real rows) for the wgmma core:
-/// below it the CTA's fixed cost (Q dequantized, the pipeline filled, 384
-/// threads' partial written) outweighs its faster loop. On the H200
-/// (dsv4-peers, the A/B calls of docs/kernels.md "The V4 rows on the wgmma
-/// core") the wgmma core was 2-18% slower at 384 and 576 tokens per split
-/// (CSA lists) and 1.25-1.45x faster at 4,000 and more (HCA lists); 1024
-/// sits between, unmeasured.
+/// Fewest KV tokens in a launch's longest split for the wgmma core: below
+/// it the CTA's larger fixed cost (Q dequantized, the pipeline filled, 384
+/// threads) outweighs its faster loop. The longest split, not the mean,
+/// because a wave lasts as long as its longest CTA. On the H200, both cores
+/// at the same n (`mlabench splits` on dsv4-pro and dsv4-peers, 128 heads;
+/// docs/kernels.md "Which V4 core"): the wgmma core 15-24% faster at 1152
+/// and 1915-2086 tokens, even at 958-1043, 0-18% slower at 384-725.
 pub const WG_MIN_SPLIT_TOKENS: usize = 1024;
 
-/// The core for `hk` kernel heads at `split_tokens` KV tokens per split,
-/// and why: 64 heads per CTA make every KV token feed 64 query rows, where
-/// the decode is bound by the tensor cores (the MLA core's threshold,
-/// `mla::kernel::WG_ROWS`), once the splits are long enough to pay for the
-/// CTA's fixed cost. The others stay on the mma.sync core.
+/// The core for `hk` kernel heads whose longest split holds `split_tokens`
+/// KV tokens, and why: 64 heads per CTA make every KV token feed 64 query
+/// rows, where the decode is bound by the tensor cores (the MLA core's
+/// threshold, `mla::kernel::WG_ROWS`), once the splits are long enough to
+/// pay for the CTA's fixed cost. The others stay on the mma.sync core.
 pub fn core(hk: usize, split_tokens: usize) -> (V4Core, String) {
     let rows = crate::variants::mla::kernel::WG_ROWS;
     if hk < rows {
@@ -81,12 +81,12 @@ pub fn core(hk: usize, split_tokens: usize) -> (V4Core, String) {
     } else if split_tokens < WG_MIN_SPLIT_TOKENS {
         (
             V4Core::Mma,
-            format!("{split_tokens} tokens per split < {WG_MIN_SPLIT_TOKENS}"),
+            format!("{split_tokens} tokens in the longest split < {WG_MIN_SPLIT_TOKENS}"),
         )
     } else {
         (
             V4Core::Wg,
-            format!("heads {hk} >= {rows}, {split_tokens} tokens per split >= {WG_MIN_SPLIT_TOKENS}, e4m3 dequantized to bf16"),
+            format!("heads {hk} >= {rows}, {split_tokens} tokens in the longest split >= {WG_MIN_SPLIT_TOKENS}, e4m3 dequantized to bf16"),
         )
     }
 }
@@ -188,7 +188,7 @@ mod tests {
         );
         assert_eq!(core(128, WG_MIN_SPLIT_TOKENS).0, V4Core::Wg);
         assert_eq!(core(128, WG_MIN_SPLIT_TOKENS - 1).0, V4Core::Mma);
-        assert!(core(128, 1023).1.contains("1023 tokens per split < 1024"));
+        assert!(core(128, 1023).1.contains("1023 tokens in the longest split < 1024"));
         assert!(core(128, 4096).1.contains("bf16"));
         assert_eq!(V4Core::Wg.block(), 384);
         assert_eq!(V4Core::Wg.tensor_mix().label(), "wgmma bf16");

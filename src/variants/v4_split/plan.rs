@@ -56,8 +56,19 @@ pub const SPLIT_TILE_TOKENS: usize = 32;
 /// second wave of CTAs than they save, so they stay within one wave.
 pub const SHORT_SPLIT_TOKENS: usize = 64;
 
+/// Bounds up to which whole rows run one split each on the wgmma core once
+/// they fill the GPU: the lists of a bound this short (CSA: the window plus
+/// `index_topk`) are all near it through most of a long context, so one
+/// wave of whole rows is balanced, and more splits only add waves of CTAs
+/// whose fixed cost is the wgmma core's. HCA's bound grows with
+/// `max_model_len` and its rows spread far below it.
+pub const WHOLE_ROW_MAX_BOUND: usize = 2048;
+
 /// Our split count for `rows` rows whose KV is at most `kv_len_bound` long.
 ///
+/// With 64 or more heads, a bound in `WG_MIN_SPLIT_TOKENS..=2048` and one
+/// split's CTAs (`rows * ceil(H/64)`) at least 7/8 of `cus`: one split, on
+/// the wgmma core (`WHOLE_ROW_MAX_BOUND`). Otherwise
 /// `n = round(8 * (256 * cus / (132 * rows * H))^0.31)`, at most one
 /// 32-token tile of the bound per split and 16; when a split would hold at
 /// most 64 bound tokens, n also stays within one wave (`rows * ceil(H/64) * n
@@ -67,11 +78,17 @@ pub const SHORT_SPLIT_TOKENS: usize = 64;
 /// does four times the work per token of a 16-head one) rather than with
 /// the CTA count, and the bound only caps it, since for HCA (8320) it is
 /// far above what most rows hold. Fitted on `mlabench splits
-/// scenarios/dsv4-pro.toml` on the H200 (results/h200/dsv4-splits).
+/// scenarios/dsv4-pro.toml` on the H200 (results/h200/dsv4-splits), where
+/// the 64-head CTAs ran the mma.sync core.
 pub fn heuristic_splits(rows: usize, heads: usize, kv_len_bound: usize, cus: usize) -> usize {
     let rows = rows.max(1);
     let heads = heads.max(1);
     let ctas = rows * heads.div_ceil(HEADS_PER_CTA);
+    let wg = crate::variants::mla::kernel::WG_ROWS;
+    let whole_rows = (crate::variants::v4::WG_MIN_SPLIT_TOKENS..=WHOLE_ROW_MAX_BOUND).contains(&kv_len_bound);
+    if heads >= wg && whole_rows && 8 * ctas >= 7 * cus.max(1) {
+        return 1;
+    }
     let scale = REFERENCE_HEAD_ROWS * cus.max(1) as f64 / (REFERENCE_CUS * (rows * heads) as f64);
     let n_work = (SPLITS_AT_REFERENCE * scale.powf(WORK_EXPONENT)).round() as usize;
     let mut n = n_work.min(kv_len_bound / SPLIT_TILE_TOKENS).clamp(1, MAX_SPLITS);
@@ -108,8 +125,8 @@ pub enum SplitSource {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct SplitPlan {
     pub n: usize,
-    /// Kernel heads and mean KV tokens per split of the real rows: the
-    /// core follows from them (`core`); 0 tokens until `with_lens`.
+    /// Kernel heads and the KV tokens of the longest split over the real
+    /// rows: the core follows from them (`core`); 0 tokens until `with_lens`.
     pub heads: usize,
     pub split_tokens: usize,
     /// `[rows+1]`, `split_indptr[i] = n * i`: the table row for table plans
@@ -121,10 +138,9 @@ pub struct SplitPlan {
 }
 
 impl SplitPlan {
-    /// Records the mean tokens per split of rows of lengths `lens`.
+    /// Records the longest split of rows of lengths `lens` (`split_ranges`).
     pub fn with_lens(mut self, lens: &[usize]) -> Self {
-        let total: usize = lens.iter().sum();
-        self.split_tokens = total / (lens.len().max(1) * self.n.max(1));
+        self.split_tokens = lens.iter().map(|l| l.div_ceil(self.n.max(1))).max().unwrap_or(0);
         self
     }
 
@@ -261,6 +277,14 @@ mod tests {
         assert_eq!(heuristic_splits(16, 16, 128, 132), 4);
         assert_eq!(heuristic_splits(64, 16, 128, 132), 2);
         assert_eq!(heuristic_splits(64, 128, 128, 132), 1);
+        // CSA lists (bound 1152) at 64+ heads: whole rows once one split's
+        // CTAs fill 7/8 of the CUs (64 rows x 2 groups = 128 of 132), the
+        // formula below that (64 rows x 1 group) and past the bound's limit.
+        assert_eq!(heuristic_splits(64, 128, 1152, 132), 1);
+        assert_eq!(heuristic_splits(256, 64, 1152, 132), 1);
+        assert_eq!(heuristic_splits(64, 64, 1152, 132), 3);
+        assert_eq!(heuristic_splits(64, 128, 2176, 132), 3);
+        assert_eq!(heuristic_splits(64, 32, 1152, 132), 4);
         // More CUs leave room for more splits at the same rows.
         assert_eq!(heuristic_splits(256, 128, 8320, 528), 3);
         // One row of a 100-token bound: the work wants 19, the bound 3 tiles.
@@ -302,6 +326,23 @@ mod tests {
         assert_eq!(p.source, SplitSource::KernelPick);
         assert_eq!(p.split_indptr.len(), 13, "the kernel's CSR covers all 12 real rows");
         assert!(p.check("c").is_ok());
+    }
+
+    #[test]
+    fn the_core_follows_the_longest_split() {
+        // Mean 465 tokens, longest row 1152: one split is 1152 long (wgmma
+        // core), two are 576 (mma.sync core).
+        let lens = [2, 1152, 241];
+        let p = v4_split_plan(3, 8, 128, 1152, 132, Some(1)).with_lens(&lens);
+        assert_eq!(p.split_tokens, 1152);
+        assert_eq!(p.core().0, crate::variants::v4::V4Core::Wg);
+        let p = v4_split_plan(3, 8, 128, 1152, 132, Some(2)).with_lens(&lens);
+        assert_eq!(p.split_tokens, 576);
+        assert_eq!(p.core().0, crate::variants::v4::V4Core::Mma);
+        assert_eq!(
+            v4_split_plan(3, 8, 128, 1152, 132, Some(3)).with_lens(&[]).split_tokens,
+            0
+        );
     }
 
     #[test]
