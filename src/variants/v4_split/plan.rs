@@ -56,19 +56,19 @@ pub const SPLIT_TILE_TOKENS: usize = 32;
 /// second wave of CTAs than they save, so they stay within one wave.
 pub const SHORT_SPLIT_TOKENS: usize = 64;
 
-/// Bounds up to which whole rows run one split each on the wgmma core once
-/// they fill the GPU: the lists of a bound this short (CSA: the window plus
-/// `index_topk`) are all near it through most of a long context, so one
-/// wave of whole rows is balanced, and more splits only add waves of CTAs
-/// whose fixed cost is the wgmma core's. HCA's bound grows with
-/// `max_model_len` and its rows spread far below it.
+/// Bounds up to which 64+ heads take one wave of splits: the lists of a
+/// bound this short (CSA: the window plus `index_topk`) are all near it
+/// through most of a long context, so equal splits are balanced, and past
+/// one wave more splits only add waves of CTAs, each paying the CTA's fixed
+/// cost. Whole rows that fill the GPU run on the wgmma core. HCA's bound
+/// grows with `max_model_len` and its rows spread far below it.
 pub const WHOLE_ROW_MAX_BOUND: usize = 2048;
 
 /// Our split count for `rows` rows whose KV is at most `kv_len_bound` long.
 ///
-/// With 64 or more heads, a bound in `WG_MIN_SPLIT_TOKENS..=2048` and one
-/// split's CTAs (`rows * ceil(H/64)`) at least 7/8 of `cus`: one split, on
-/// the wgmma core (`WHOLE_ROW_MAX_BOUND`). Otherwise
+/// With 64 or more heads and a bound in `WG_MIN_SPLIT_TOKENS..=2048`: as
+/// many splits as one wave holds, `cus / (rows * ceil(H/64))`, at least one
+/// (`WHOLE_ROW_MAX_BOUND`). Otherwise
 /// `n = round(8 * (256 * cus / (132 * rows * H))^0.31)`, at most one
 /// 32-token tile of the bound per split and 16; when a split would hold at
 /// most 64 bound tokens, n also stays within one wave (`rows * ceil(H/64) * n
@@ -86,8 +86,8 @@ pub fn heuristic_splits(rows: usize, heads: usize, kv_len_bound: usize, cus: usi
     let ctas = rows * heads.div_ceil(HEADS_PER_CTA);
     let wg = crate::variants::mla::kernel::WG_ROWS;
     let whole_rows = (crate::variants::v4::WG_MIN_SPLIT_TOKENS..=WHOLE_ROW_MAX_BOUND).contains(&kv_len_bound);
-    if heads >= wg && whole_rows && 8 * ctas >= 7 * cus.max(1) {
-        return 1;
+    if heads >= wg && whole_rows {
+        return (cus / ctas).clamp(1, MAX_SPLITS);
     }
     let scale = REFERENCE_HEAD_ROWS * cus.max(1) as f64 / (REFERENCE_CUS * (rows * heads) as f64);
     let n_work = (SPLITS_AT_REFERENCE * scale.powf(WORK_EXPONENT)).round() as usize;
@@ -268,7 +268,7 @@ mod tests {
         // The reference point: 16 rows x 16 heads of CSA.
         assert_eq!(heuristic_splits(16, 16, 1152, 132), 8);
         // 8x the head-rows: 8 * 8^-0.31 = 4.2.
-        assert_eq!(heuristic_splits(16, 128, 1152, 132), 4);
+        assert_eq!(heuristic_splits(16, 128, 8320, 132), 4);
         // 64 rows x 128 heads: 8 * 32^-0.31 = 2.7; 256 rows: 1.8.
         assert_eq!(heuristic_splits(64, 128, 8320, 132), 3);
         assert_eq!(heuristic_splits(256, 128, 8320, 132), 2);
@@ -277,12 +277,15 @@ mod tests {
         assert_eq!(heuristic_splits(16, 16, 128, 132), 4);
         assert_eq!(heuristic_splits(64, 16, 128, 132), 2);
         assert_eq!(heuristic_splits(64, 128, 128, 132), 1);
-        // CSA lists (bound 1152) at 64+ heads: whole rows once one split's
-        // CTAs fill 7/8 of the CUs (64 rows x 2 groups = 128 of 132), the
-        // formula below that (64 rows x 1 group) and past the bound's limit.
+        // CSA lists (bound 1152) at 64+ heads: one wave of splits. 64 rows
+        // x 2 groups = 128 CTAs: whole rows; 64 rows x 1 group: 2 splits;
+        // 16 rows x 2 groups: 4; 256 rows: whole rows over two waves. Past
+        // the bound's limit, the formula.
         assert_eq!(heuristic_splits(64, 128, 1152, 132), 1);
+        assert_eq!(heuristic_splits(64, 64, 1152, 132), 2);
+        assert_eq!(heuristic_splits(16, 128, 1152, 132), 4);
         assert_eq!(heuristic_splits(256, 64, 1152, 132), 1);
-        assert_eq!(heuristic_splits(64, 64, 1152, 132), 3);
+        assert_eq!(heuristic_splits(1, 64, 1152, 132), 16);
         assert_eq!(heuristic_splits(64, 128, 2176, 132), 3);
         assert_eq!(heuristic_splits(64, 32, 1152, 132), 4);
         // More CUs leave room for more splits at the same rows.
