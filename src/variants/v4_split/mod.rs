@@ -63,7 +63,11 @@ impl Run {
 
     pub fn details(s: &SplitPlan) -> Vec<String> {
         let (core, why) = s.core();
-        vec![format!("core={}: {why}", core.name())]
+        let mut d = vec![format!("core={}: {why}", core.name())];
+        if let (plan::SplitSource::Heuristic, Some(n_why)) = (s.source, &s.why) {
+            d.push(format!("n={}: {n_why}", s.n));
+        }
+        d
     }
 
     pub fn tensor_mix(s: &SplitPlan) -> MmaMix {

@@ -81,21 +81,35 @@ pub const WHOLE_ROW_MAX_BOUND: usize = 2048;
 /// scenarios/dsv4-pro.toml` on the H200 (results/h200/dsv4-splits), where
 /// the 64-head CTAs ran the mma.sync core.
 pub fn heuristic_splits(rows: usize, heads: usize, kv_len_bound: usize, cus: usize) -> usize {
+    heuristic(rows, heads, kv_len_bound, cus).0
+}
+
+/// `heuristic_splits` and which of its rules decided, for `mlabench plan`.
+pub fn heuristic(rows: usize, heads: usize, kv_len_bound: usize, cus: usize) -> (usize, String) {
     let rows = rows.max(1);
     let heads = heads.max(1);
     let ctas = rows * heads.div_ceil(HEADS_PER_CTA);
     let wg = crate::variants::mla::kernel::WG_ROWS;
     let whole_rows = (crate::variants::v4::WG_MIN_SPLIT_TOKENS..=WHOLE_ROW_MAX_BOUND).contains(&kv_len_bound);
     if heads >= wg && whole_rows {
-        return (cus / ctas).clamp(1, MAX_SPLITS);
+        let n = (cus / ctas).clamp(1, MAX_SPLITS);
+        return (
+            n,
+            format!("one wave of splits: {heads} heads >= {wg} on a {kv_len_bound}-token bound, {ctas} CTAs a split on {cus} CUs"),
+        );
     }
     let scale = REFERENCE_HEAD_ROWS * cus.max(1) as f64 / (REFERENCE_CUS * (rows * heads) as f64);
     let n_work = (SPLITS_AT_REFERENCE * scale.powf(WORK_EXPONENT)).round() as usize;
     let mut n = n_work.min(kv_len_bound / SPLIT_TILE_TOKENS).clamp(1, MAX_SPLITS);
-    if kv_len_bound / n <= SHORT_SPLIT_TOKENS {
-        n = n.min(cus / ctas);
+    let mut why = format!("the work formula: {rows} rows x {heads} heads on {cus} CUs gives {n_work}");
+    if n != n_work {
+        why += &format!(", capped at {n} by the {kv_len_bound}-token bound and {MAX_SPLITS}");
     }
-    n.max(1)
+    if kv_len_bound / n <= SHORT_SPLIT_TOKENS && n > cus / ctas {
+        n = (cus / ctas).max(1);
+        why += &format!(", {n} to stay in one wave of short splits");
+    }
+    (n.max(1), why)
 }
 
 /// The kernel's own pick when no plan is passed. Modeled on aiter's
@@ -133,7 +147,7 @@ pub struct SplitPlan {
     /// (len `T+1`), the kernel's own CSR for `KernelPick` (len `max(N, T)+1`).
     pub split_indptr: Vec<i32>,
     pub source: SplitSource,
-    /// Why there is no plan (KernelPick only).
+    /// Why this n: the heuristic's rule, or why there is no plan (KernelPick).
     pub why: Option<String>,
 }
 
@@ -219,13 +233,14 @@ pub fn v4_split_plan(
         Some(n) => return kernel(format!("fixed n={n} is outside the table's 1..={MAX_SPLITS}")),
         None => (heuristic_splits(rows_n, heads, bound, cus), SplitSource::Heuristic),
     };
+    let why = (source == SplitSource::Heuristic).then(|| heuristic(rows_n, heads, bound, cus).1);
     let plan = SplitPlan {
         n,
         heads,
         split_tokens: 0,
         split_indptr: table_row(&uniform_table(t), t, n).to_vec(),
         source,
-        why: None,
+        why,
     };
     debug_assert!(plan.check("v4_split_plan").is_ok());
     plan
@@ -294,6 +309,22 @@ mod tests {
         assert_eq!(heuristic_splits(1, 16, 100, 132), 3);
         // Degenerate inputs still give one split.
         assert_eq!(heuristic_splits(0, 0, 0, 0), 1);
+    }
+
+    #[test]
+    fn the_heuristic_names_the_rule_that_decided() {
+        assert!(heuristic(64, 128, 1152, 132).1.contains("one wave of splits"));
+        assert!(heuristic(64, 128, 8320, 132).1.starts_with("the work formula"));
+        let (n, why) = heuristic(64, 16, 128, 132);
+        assert_eq!(n, 2);
+        assert!(
+            why.contains("capped at 4") && why.ends_with("2 to stay in one wave of short splits"),
+            "{why}"
+        );
+        let p = v4_split_plan(64, 72, 128, 1152, 132, None).with_lens(&[1152; 64]);
+        assert!(super::super::Run::details(&p)
+            .iter()
+            .any(|d| d.starts_with("n=1: one wave")));
     }
 
     #[test]
