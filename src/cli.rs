@@ -28,7 +28,7 @@ pub enum Command {
     /// Compile kernels with NVRTC (no GPU needed with --check).
     Kernels(KernelsArgs),
     /// Time v4_split at every n in 1..=16, the heuristic's pick and hca_persist.
-    Splits(SplitsArgs),
+    Splits(Box<SplitsArgs>),
     /// Compare a run with a baseline: speed and check status per (case, variant); exit 1 on a regression.
     Compare(CompareArgs),
     /// A/B two kernel builds from runs alternated in one session: medians over
@@ -239,6 +239,9 @@ pub struct PlanArgs {
     /// How ps1 work lists are cut: balanced (the default) or payload.
     #[arg(long, default_value = "balanced", value_parser = ps1_schedules())]
     pub ps1_schedule: String,
+    /// The V4 kernels' core: auto, mma or wg (as `run --v4-core`).
+    #[arg(long, default_value = "auto", value_parser = v4_cores())]
+    pub v4_core: String,
 }
 
 #[derive(Args, Debug)]
@@ -347,6 +350,20 @@ pub struct Execution {
     /// Where the CUDA kernel sources live.
     #[arg(long, default_value = "kernels")]
     pub kernels_dir: PathBuf,
+    /// The core of the V4 kernels (v4_split, hca_persist): auto (the plan's
+    /// pick), or mma / wg forced on every case that can run it, so `mlabench
+    /// ab` can compare the two on the same plans (the case ids stay the same).
+    #[arg(long, default_value = "auto", value_parser = v4_cores())]
+    pub v4_core: String,
+}
+
+/// `--v4-core`'s values; the names parse into `case::V4CoreChoice`.
+fn v4_cores() -> PossibleValuesParser {
+    PossibleValuesParser::new([
+        PossibleValue::new("auto").help("The plan's pick: the wgmma core for 64+ heads on splits of 1024+ tokens"),
+        PossibleValue::new("mma").help("The mma.sync core everywhere"),
+        PossibleValue::new("wg").help("The wgmma core wherever a CTA has 64+ heads"),
+    ])
 }
 
 /// `--ps1-schedule`'s values; the names parse into `case::Ps1Schedule`.

@@ -491,6 +491,39 @@ fn payload_ps1_schedule_passes_and_a_resume_holds_to_it() {
 }
 
 #[test]
+fn a_forced_v4_core_is_planned_recorded_repeated_and_held_by_a_resume() {
+    let out = tempfile::tempdir().unwrap();
+    let run = |extra: &[&str]| {
+        let mut c = smoke_on_cpu(&["--variant", "v4_split", "--case", "h128", "--no-timing"]);
+        c.args(extra).arg("--out").arg(out.path());
+        c
+    };
+    run(&["--v4-core", "wg", "--run-id", "w"]).assert().code(0);
+    let rows = json_rows(out.path());
+    assert!(
+        !rows.is_empty() && rows.iter().all(|r| r["status"] == "pass"),
+        "{rows:?}"
+    );
+    // Every 128-head case runs the wgmma core, short splits included.
+    assert!(
+        rows.iter().all(|r| r["plan"].as_str().unwrap().contains("core=wg")),
+        "{rows:?}"
+    );
+    assert!(rows
+        .iter()
+        .all(|r| r["repro"].as_str().unwrap().contains("--v4-core wg")));
+    let md = std::fs::read_to_string(out.path().join("w/summary.md")).unwrap();
+    assert!(md.contains("- V4 core: wg"), "{md}");
+    let dir = out.path().join("w");
+    run(&["--resume", dir.to_str().unwrap()])
+        .assert()
+        .code(2)
+        .stderr(predicates::str::contains("--v4-core wg"));
+    // An unknown core is bad input.
+    run(&["--v4-core", "tensor"]).assert().code(2);
+}
+
+#[test]
 fn stream_handoff_is_recorded_repeated_and_held_by_a_resume() {
     let out = tempfile::tempdir().unwrap();
     let run = |extra: &[&str]| {

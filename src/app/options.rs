@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use super::memory;
 use crate::backend::{Backend, Exec, Handoff, TimingOptions};
-use crate::case::{Case, Ps1Schedule};
+use crate::case::{Case, Ps1Schedule, V4CoreChoice};
 use crate::cli::{BackendChoice, Execution, RunArgs};
 use crate::error::InputError;
 use crate::report::RunMeta;
@@ -26,6 +26,7 @@ pub struct RunOptions {
     pub timing: TimingOptions,
     pub handoff: Handoff,
     pub ps1_schedule: Ps1Schedule,
+    pub v4_core: V4CoreChoice,
     /// Variants run past a gate that rejects them.
     pub force: Vec<VariantId>,
     pub dump: Option<PathBuf>,
@@ -121,6 +122,7 @@ impl RunOptions {
             },
             handoff: e.handoff.parse().map_err(InputError::Usage)?,
             ps1_schedule: Ps1Schedule::default(),
+            v4_core: e.v4_core.parse().map_err(InputError::Usage)?,
             force: vec![],
             dump: None,
             junit: None,
@@ -137,6 +139,7 @@ impl RunOptions {
         for c in cases {
             c.force |= self.force.contains(&c.variant);
             c.ps1_schedule = self.ps1_schedule;
+            c.v4_core = self.v4_core;
         }
     }
 
@@ -183,6 +186,9 @@ impl RunOptions {
         if self.ps1_schedule != Ps1Schedule::default() {
             f.push_str(&format!(" --ps1-schedule {}", self.ps1_schedule));
         }
+        if self.v4_core != V4CoreChoice::default() {
+            f.push_str(&format!(" --v4-core {}", self.v4_core));
+        }
         for v in &self.force {
             f.push_str(&format!(" --force {v}"));
         }
@@ -221,6 +227,7 @@ impl RunOptions {
             resumed: vec![],
             kernels: crate::provenance::stamp_kernels(&self.kernels_dir),
             ps1_schedule: self.ps1_schedule,
+            v4_core: self.v4_core,
             handoff: self.handoff,
             planned: None,
             implementations: vec![],
@@ -256,6 +263,12 @@ impl RunOptions {
                 format!("--ps1-schedule {}", old.ps1_schedule),
                 format!("--ps1-schedule {}", new.ps1_schedule),
                 old.ps1_schedule == new.ps1_schedule,
+            ),
+            (
+                "V4 core",
+                format!("--v4-core {}", old.v4_core),
+                format!("--v4-core {}", new.v4_core),
+                old.v4_core == new.v4_core,
             ),
             (
                 "merge hand-off",

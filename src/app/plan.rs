@@ -14,8 +14,10 @@ pub fn plan(args: &PlanArgs) -> Result<u8> {
     let added = super::declare_impls(&args.impls)?;
     let (mut cases, notes) = resolve_cases(std::slice::from_ref(&args.scenario), &args.cases, &[], &added)?;
     let schedule = args.ps1_schedule.parse().map_err(InputError::Usage)?;
+    let v4_core = args.v4_core.parse().map_err(InputError::Usage)?;
     for c in &mut cases {
         c.ps1_schedule = schedule;
+        c.v4_core = v4_core;
     }
     for n in notes {
         println!("note: {n}");

@@ -20,7 +20,7 @@ use super::{create_run_dir, resolve_cases};
 pub fn splits(args: &crate::cli::SplitsArgs) -> Result<u8> {
     use crate::judge::split_regret::{Point, Study};
     super::declare_impls(&args.exec.impls)?;
-    let (cases, _) = resolve_cases(
+    let (mut cases, _) = resolve_cases(
         std::slice::from_ref(&args.scenario),
         &args.cases,
         &[v4_split::ID, hca_persist::ID],
@@ -30,6 +30,7 @@ pub fn splits(args: &crate::cli::SplitsArgs) -> Result<u8> {
         return rescore_splits(&cases, csv);
     }
     let opts = RunOptions::from_exec(&args.exec, true, true)?;
+    opts.apply(&mut cases);
     let peers: Vec<crate::variants::VariantId> = crate::variants::external::declared()
         .iter()
         .filter(|e| e.decl.contract == crate::variants::external::Contract::V4Decode)

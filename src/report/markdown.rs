@@ -58,6 +58,9 @@ fn header(s: &mut String, meta: &RunMeta) {
         );
     }
     let _ = writeln!(s, "- ps1 schedule: {}", meta.ps1_schedule);
+    if meta.v4_core != crate::case::V4CoreChoice::Auto {
+        let _ = writeln!(s, "- V4 core: {} (forced by --v4-core)", meta.v4_core);
+    }
     let _ = writeln!(s, "- merge hand-off: {}", handoff_words(meta.handoff));
     for i in &meta.implementations {
         let _ = writeln!(s, "- {i}");

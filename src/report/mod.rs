@@ -50,6 +50,9 @@ pub struct RunMeta {
     /// How ps1 work lists were cut (`--ps1-schedule`).
     #[serde(default = "crate::case::Ps1Schedule::before_choice")]
     pub ps1_schedule: crate::case::Ps1Schedule,
+    /// The V4 kernels' core (`--v4-core`); runs before the option: auto.
+    #[serde(default)]
+    pub v4_core: crate::case::V4CoreChoice,
     /// How the second kernels followed their forwards (`--handoff`).
     #[serde(default = "crate::backend::Handoff::before_choice")]
     pub handoff: crate::backend::Handoff,
@@ -370,6 +373,7 @@ pub(crate) mod testutil {
             resumed: vec![],
             kernels: None,
             ps1_schedule: Default::default(),
+            v4_core: Default::default(),
             handoff: Default::default(),
             planned: None,
             implementations: vec![],

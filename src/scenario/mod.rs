@@ -524,6 +524,7 @@ pub fn expand(sc: &Scenario) -> Expansion {
                                                 cus: sc.cus,
                                                 v4: V4Knobs::default(),
                                                 ps1_schedule: Ps1Schedule::default(),
+                                                v4_core: Default::default(),
                                                 scenario: sc.path.clone(),
                                             });
                                         }
@@ -608,6 +609,7 @@ pub fn expand(sc: &Scenario) -> Expansion {
                                             cus: sc.cus,
                                             v4: knobs,
                                             ps1_schedule: Ps1Schedule::default(),
+                                            v4_core: Default::default(),
                                             scenario: sc.path.clone(),
                                         });
                                     }

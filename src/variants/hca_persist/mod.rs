@@ -21,7 +21,7 @@ use super::{
     Cost, Decision, DeviceCheck, Family, Job, KernelSpec, OutTensor, Plan, PlanData, PlanError, Variant, VariantId,
     VariantInfo,
 };
-use crate::case::{Case, V4_D};
+use crate::case::{Case, V4CoreChoice, V4_D};
 use crate::reference::RefSet;
 use crate::result::Check;
 use crate::tensor_ceiling::MmaMix;
@@ -63,8 +63,8 @@ pub fn spec(hk: usize, core: V4Core) -> KernelSpec {
 
 /// The core for a call plan, and why: `v4::core` with a partition as the
 /// split (every partition streams its tokens on one CTA per head group).
-fn core_of(plan: &HcaPlan, hk: usize) -> (V4Core, String) {
-    let (core, why) = v4::core(hk, plan.tokens_per_partition());
+fn core_of(plan: &HcaPlan, hk: usize, choice: V4CoreChoice) -> (V4Core, String) {
+    let (core, why) = v4::core(hk, plan.tokens_per_partition(), choice);
     (
         core,
         format!(
@@ -79,7 +79,7 @@ fn call_plan(case: &Case) -> Result<HcaPersistPlan, String> {
     let p = v4::params(case)?;
     let lens: Vec<usize> = p.positions.iter().map(|&pos| v4::row_len(p, pos)).collect();
     let plan = hca_call_plan(&lens, case.v4.partitions, case.cus, p.kernel_heads())?;
-    let (core, why) = core_of(&plan, p.kernel_heads());
+    let (core, why) = core_of(&plan, p.kernel_heads(), case.v4_core);
     Ok(HcaPersistPlan {
         partitions: case.v4.partitions,
         plan,
@@ -341,13 +341,14 @@ mod tests {
     fn partitions_long_enough_take_the_wgmma_core() {
         // 8 partitions of 1500 tokens: each CTA streams 1500 > 1024.
         let long = hca_partition_plan(&[3000, 9000], 8).unwrap();
-        let (core, why) = core_of(&long, 128);
+        let (core, why) = core_of(&long, 128, V4CoreChoice::Auto);
         assert_eq!(core, V4Core::Wg);
         assert!(why.contains("12000 tokens over P_eff=8"), "{why}");
         assert_eq!(spec(128, core).file, "hca_persist_wg.cu");
         // The same lengths over 16 partitions: 750 tokens each.
         let short = hca_partition_plan(&[3000, 9000], 16).unwrap();
-        assert_eq!(core_of(&short, 128).0, V4Core::Mma);
+        assert_eq!(core_of(&short, 128, V4CoreChoice::Auto).0, V4Core::Mma);
+        assert_eq!(core_of(&short, 128, V4CoreChoice::Wg).0, V4Core::Wg);
         assert_eq!(spec(128, V4Core::Mma).file, "hca_persist.cu");
     }
 

@@ -6,7 +6,7 @@ pub mod checks;
 pub mod emulate;
 pub mod program;
 
-use crate::case::{Case, CaseParams, LayerType, V4Params, V4_WINDOW};
+use crate::case::{Case, CaseParams, LayerType, V4CoreChoice, V4Params, V4_WINDOW};
 use crate::workload::{V4Workload, Workload};
 
 use super::{Cost, Job, KernelSpec};
@@ -64,9 +64,10 @@ pub enum V4Core {
 /// it the CTA's larger fixed cost (Q dequantized, the pipeline filled, 384
 /// threads) outweighs its faster loop. The longest split, not the mean,
 /// because a wave lasts as long as its longest CTA. On the H200, both cores
-/// at the same n (`mlabench splits` on dsv4-pro and dsv4-peers, 128 heads;
-/// docs/kernels.md "Which V4 core"): the wgmma core 15-24% faster at 1152
-/// and 1915-2086 tokens, even at 958-1043, 0-18% slower at 384-725.
+/// at the same n (`mlabench splits` on dsv4-pro and dsv4-peers, 128 heads,
+/// each core forced as `--v4-core` does; docs/kernels.md "Which V4 core"):
+/// the wgmma core 15-24% faster at 1152 and 1915-2086 tokens, even at
+/// 958-1043, 0-18% slower at 384-725.
 pub const WG_MIN_SPLIT_TOKENS: usize = 1024;
 
 /// The core for `hk` kernel heads whose longest split holds `split_tokens`
@@ -74,8 +75,24 @@ pub const WG_MIN_SPLIT_TOKENS: usize = 1024;
 /// rows, where the decode is bound by the tensor cores (the MLA core's
 /// threshold, `mla::kernel::WG_ROWS`), once the splits are long enough to
 /// pay for the CTA's fixed cost. The others stay on the mma.sync core.
-pub fn core(hk: usize, split_tokens: usize) -> (V4Core, String) {
+pub fn core(hk: usize, split_tokens: usize, choice: V4CoreChoice) -> (V4Core, String) {
     let rows = crate::variants::mla::kernel::WG_ROWS;
+    match choice {
+        V4CoreChoice::Auto => {}
+        V4CoreChoice::Mma => return (V4Core::Mma, "forced (--v4-core mma)".into()),
+        V4CoreChoice::Wg if hk >= rows => {
+            return (
+                V4Core::Wg,
+                format!("forced (--v4-core wg), {split_tokens} tokens in the longest split"),
+            )
+        }
+        V4CoreChoice::Wg => {
+            return (
+                V4Core::Mma,
+                format!("heads {hk} < {rows}: --v4-core wg needs {rows}+ heads a CTA, so the mma core runs"),
+            )
+        }
+    }
     if hk < rows {
         (V4Core::Mma, format!("heads {hk} < {rows}"))
     } else if split_tokens < WG_MIN_SPLIT_TOKENS {
@@ -182,14 +199,23 @@ mod tests {
 
     #[test]
     fn sixty_four_heads_or_more_on_long_splits_run_on_the_wgmma_core() {
+        let auto = V4CoreChoice::Auto;
         assert_eq!(
-            [16, 32, 64, 128].map(|h| core(h, 8192).0),
+            [16, 32, 64, 128].map(|h| core(h, 8192, auto).0),
             [V4Core::Mma, V4Core::Mma, V4Core::Wg, V4Core::Wg]
         );
-        assert_eq!(core(128, WG_MIN_SPLIT_TOKENS).0, V4Core::Wg);
-        assert_eq!(core(128, WG_MIN_SPLIT_TOKENS - 1).0, V4Core::Mma);
-        assert!(core(128, 1023).1.contains("1023 tokens in the longest split < 1024"));
-        assert!(core(128, 4096).1.contains("bf16"));
+        assert_eq!(core(128, WG_MIN_SPLIT_TOKENS, auto).0, V4Core::Wg);
+        assert_eq!(core(128, WG_MIN_SPLIT_TOKENS - 1, auto).0, V4Core::Mma);
+        assert!(core(128, 1023, auto)
+            .1
+            .contains("1023 tokens in the longest split < 1024"));
+        assert!(core(128, 4096, auto).1.contains("bf16"));
+        // Forced: either core on 64+ heads, and the mma core below them.
+        assert_eq!(core(128, 8192, V4CoreChoice::Mma).0, V4Core::Mma);
+        assert_eq!(core(64, 100, V4CoreChoice::Wg).0, V4Core::Wg);
+        let (c, why) = core(16, 8192, V4CoreChoice::Wg);
+        assert_eq!(c, V4Core::Mma);
+        assert!(why.contains("needs 64+ heads"), "{why}");
         assert_eq!(V4Core::Wg.block(), 384);
         assert_eq!(V4Core::Wg.tensor_mix().label(), "wgmma bf16");
         assert_eq!(V4Core::Mma.smem(128), smem(128));

@@ -50,7 +50,10 @@ pub fn split_plan(case: &Case) -> Result<SplitPlan, String> {
     let p = v4::params(case)?;
     let bound = kv_len_bound(p.layer, p.index_topk, p.max_model_len);
     let lens: Vec<usize> = p.positions.iter().map(|&pos| v4::row_len(p, pos)).collect();
-    Ok(v4_split_plan(p.rows, p.padded_rows, p.kernel_heads(), bound, case.cus, case.v4.splits).with_lens(&lens))
+    let mut plan =
+        v4_split_plan(p.rows, p.padded_rows, p.kernel_heads(), bound, case.cus, case.v4.splits).with_lens(&lens);
+    plan.core_choice = case.v4_core;
+    Ok(plan)
 }
 
 /// What v4_split does with a plan: the unit hca_persist falls back to.

@@ -143,6 +143,8 @@ pub struct SplitPlan {
     /// rows: the core follows from them (`core`); 0 tokens until `with_lens`.
     pub heads: usize,
     pub split_tokens: usize,
+    /// The run's `--v4-core` (auto: `v4::core` decides).
+    pub core_choice: crate::case::V4CoreChoice,
     /// `[rows+1]`, `split_indptr[i] = n * i`: the table row for table plans
     /// (len `T+1`), the kernel's own CSR for `KernelPick` (len `max(N, T)+1`).
     pub split_indptr: Vec<i32>,
@@ -160,7 +162,7 @@ impl SplitPlan {
 
     /// The core this plan's kernel runs on, and why (`v4::core`).
     pub fn core(&self) -> (crate::variants::v4::V4Core, String) {
-        crate::variants::v4::core(self.heads, self.split_tokens)
+        crate::variants::v4::core(self.heads, self.split_tokens, self.core_choice)
     }
 
     /// Checks the CSR against `n`; every plan is checked before it runs.
@@ -220,6 +222,7 @@ pub fn v4_split_plan(
             n,
             heads,
             split_tokens: 0,
+            core_choice: Default::default(),
             split_indptr: uniform_csr(n, rows_n.max(t)),
             source: SplitSource::KernelPick,
             why: Some(why),
@@ -238,6 +241,7 @@ pub fn v4_split_plan(
         n,
         heads,
         split_tokens: 0,
+        core_choice: Default::default(),
         split_indptr: table_row(&uniform_table(t), t, n).to_vec(),
         source,
         why,
