@@ -95,43 +95,6 @@ pub enum Dtype {
 /// schedule). `Balanced` (variants/ps1/balance.rs) is the default: on the
 /// H200 it keeps every CTA's load within one tile pair of the others;
 /// `Payload` is aiter's and FlashMLA's, kept for comparison.
-/// Which core the V4 kernels run on (`--v4-core`): the plan's pick, or one
-/// forced, to A/B the two on the same plans (a run option, not part of the
-/// id, like the ps1 schedule).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum V4CoreChoice {
-    /// `v4::core`: the wgmma core for 64+ heads and long enough splits.
-    #[default]
-    Auto,
-    /// The mma.sync core everywhere.
-    Mma,
-    /// The wgmma core wherever it can run (64+ heads a CTA).
-    Wg,
-}
-
-impl FromStr for V4CoreChoice {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "auto" => Ok(V4CoreChoice::Auto),
-            "mma" => Ok(V4CoreChoice::Mma),
-            "wg" => Ok(V4CoreChoice::Wg),
-            _ => Err(format!("unknown V4 core `{s}`; use auto, mma or wg")),
-        }
-    }
-}
-
-impl fmt::Display for V4CoreChoice {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            V4CoreChoice::Auto => "auto",
-            V4CoreChoice::Mma => "mma",
-            V4CoreChoice::Wg => "wg",
-        })
-    }
-}
-
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Ps1Schedule {
@@ -166,6 +129,43 @@ impl fmt::Display for Ps1Schedule {
         f.write_str(match self {
             Ps1Schedule::Payload => "payload",
             Ps1Schedule::Balanced => "balanced",
+        })
+    }
+}
+
+/// Which core the V4 kernels run on (`--v4-core`): the plan's pick, or one
+/// forced, to A/B the two on the same plans (a run option, not part of the
+/// id, like the ps1 schedule).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum V4CoreChoice {
+    /// `v4::core`: the wgmma core for 64+ heads and long enough splits.
+    #[default]
+    Auto,
+    /// The mma.sync core everywhere.
+    Mma,
+    /// The wgmma core wherever it can run (64+ heads a CTA).
+    Wg,
+}
+
+impl FromStr for V4CoreChoice {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(V4CoreChoice::Auto),
+            "mma" => Ok(V4CoreChoice::Mma),
+            "wg" => Ok(V4CoreChoice::Wg),
+            _ => Err(format!("unknown V4 core `{s}`; use auto, mma or wg")),
+        }
+    }
+}
+
+impl fmt::Display for V4CoreChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            V4CoreChoice::Auto => "auto",
+            V4CoreChoice::Mma => "mma",
+            V4CoreChoice::Wg => "wg",
         })
     }
 }

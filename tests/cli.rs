@@ -521,6 +521,22 @@ fn a_forced_v4_core_is_planned_recorded_repeated_and_held_by_a_resume() {
         .stderr(predicates::str::contains("--v4-core wg"));
     // An unknown core is bad input.
     run(&["--v4-core", "tensor"]).assert().code(2);
+    // Left to the plan, most of these short splits take the mma core, so the
+    // rows above saw the option; `plan` takes it too.
+    let plan = |extra: &[&str]| {
+        let o = bin()
+            .args(["plan", "scenarios/smoke.toml", "--case", "h128"])
+            .args(extra)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout).to_string()
+    };
+    assert!(plan(&[]).contains("(Heuristic) core=mma"));
+    let forced = plan(&["--v4-core", "wg"]);
+    assert!(
+        forced.contains("core=wg: forced (--v4-core wg)") && !forced.contains("core=mma"),
+        "{forced}"
+    );
 }
 
 #[test]

@@ -66,8 +66,8 @@ pub enum V4Core {
 /// because a wave lasts as long as its longest CTA. On the H200, both cores
 /// at the same n (`mlabench splits` on dsv4-pro and dsv4-peers, 128 heads,
 /// each core forced as `--v4-core` does; docs/kernels.md "Which V4 core"):
-/// the wgmma core 15-24% faster at 1152 and 1915-2086 tokens, even at
-/// 958-1043, 0-18% slower at 384-725.
+/// even at 1017-1043, the wgmma core 11% faster at 958 and 14-24% at 1152
+/// and 1915-2086 tokens, 0-22% slower at 384-725.
 pub const WG_MIN_SPLIT_TOKENS: usize = 1024;
 
 /// The core for `hk` kernel heads whose longest split holds `split_tokens`

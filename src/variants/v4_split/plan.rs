@@ -103,7 +103,7 @@ pub fn heuristic(rows: usize, heads: usize, kv_len_bound: usize, cus: usize) -> 
     let mut n = n_work.min(kv_len_bound / SPLIT_TILE_TOKENS).clamp(1, MAX_SPLITS);
     let mut why = format!("the work formula: {rows} rows x {heads} heads on {cus} CUs gives {n_work}");
     if n != n_work {
-        why += &format!(", capped at {n} by the {kv_len_bound}-token bound and {MAX_SPLITS}");
+        why += &format!(", {n} within one split per tile of the {kv_len_bound}-token bound and 1..={MAX_SPLITS}");
     }
     if kv_len_bound / n <= SHORT_SPLIT_TOKENS && n > cus / ctas {
         n = (cus / ctas).max(1);
@@ -231,12 +231,14 @@ pub fn v4_split_plan(
     if rows_n > t {
         return kernel(format!("rows {rows_n} > T {t}, past the table"));
     }
-    let (n, source) = match fixed {
-        Some(n) if (1..=MAX_SPLITS).contains(&n) => (n, SplitSource::Fixed),
+    let (n, source, why) = match fixed {
+        Some(n) if (1..=MAX_SPLITS).contains(&n) => (n, SplitSource::Fixed, None),
         Some(n) => return kernel(format!("fixed n={n} is outside the table's 1..={MAX_SPLITS}")),
-        None => (heuristic_splits(rows_n, heads, bound, cus), SplitSource::Heuristic),
+        None => {
+            let (n, why) = heuristic(rows_n, heads, bound, cus);
+            (n, SplitSource::Heuristic, Some(why))
+        }
     };
-    let why = (source == SplitSource::Heuristic).then(|| heuristic(rows_n, heads, bound, cus).1);
     let plan = SplitPlan {
         n,
         heads,
@@ -322,7 +324,7 @@ mod tests {
         let (n, why) = heuristic(64, 16, 128, 132);
         assert_eq!(n, 2);
         assert!(
-            why.contains("capped at 4") && why.ends_with("2 to stay in one wave of short splits"),
+            why.contains("5, 4 within one split per tile") && why.ends_with("2 to stay in one wave of short splits"),
             "{why}"
         );
         let p = v4_split_plan(64, 72, 128, 1152, 132, None).with_lens(&[1152; 64]);
