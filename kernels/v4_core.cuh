@@ -153,23 +153,45 @@ __device__ __forceinline__ uint4 dq8(uint2 w, float s) {
   return r;
 }
 
-// Q of heads h0..h0+HG of one row -> bf16 [HG][ROWB] in smem.
-__device__ __forceinline__ void load_q(char* sm, const Src& s, int row, int h0) {
-  const int tid = threadIdx.x;
-  const unsigned char* qp = s.q_packed + ((size_t)row * HK + h0) * D;
-#pragma unroll 2
-  for (int c = tid; c < HG * 56; c += THREADS) {
-    const int h = c / 56, ch = c - h * 56;
-    const unsigned char* rp = qp + (size_t)h * D;
-    const uint2 w = __ldg(reinterpret_cast<const uint2*>(rp + ch * 8));
-    const float sc = ue8m0(__ldg(rp + DNOPE + 2 * (ch >> 3)));
-    *reinterpret_cast<uint4*>(sm + SM_Q + h * ROWB + ch * 16) = dq8(w, sc);
+// Q of heads h0..h0+HG of one row, step 1: the packed rows' nope and scale
+// bytes by cp.async into the bf16 tile area (free until the first tile is
+// dequantized; 512-byte rows), the rope straight into place. Q's loads then
+// cost one round trip, beside the first tiles', where a load-then-store loop
+// waited for one per two chunks a thread (7 at 64 heads); an item reads Q
+// once, and short items are mostly Q.
+__device__ __forceinline__ void issue_q(char* sm, const Src& s, int row, int h0) {
+  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+  const unsigned char* qp = s.q_packed + ((size_t)row * HK + h0 + w) * D + lane * 16;
+  const unsigned raw = smem_u32(sm + SM_KV) + w * D + lane * 16;
+  // Warp w copies heads w, w + 8, ...; lane = chunk (29 of 32 lanes busy).
+  if (lane < 29) {
+#pragma unroll
+    for (int k = 0; k < HG / NWARPS; ++k) cp_async16(raw + k * NWARPS * D, qp + (size_t)k * NWARPS * D, 16);
   }
-  const __nv_bfloat16* qr = s.q_rope + ((size_t)row * HK + h0) * DROPE;
-  for (int c = tid; c < HG * 8; c += THREADS) {
-    const int h = c >> 3, ch = c & 7;
-    const uint4 v = __ldg(reinterpret_cast<const uint4*>(qr + h * DROPE + ch * 8));
-    *reinterpret_cast<uint4*>(sm + SM_Q + h * ROWB + DNOPE * 2 + ch * 16) = v;
+  const int hr = tid >> 3, cr = tid & 7;
+  const __nv_bfloat16* qr = s.q_rope + ((size_t)row * HK + h0 + hr) * DROPE + cr * 8;
+  const unsigned qs = smem_u32(sm + SM_Q) + hr * ROWB + DNOPE * 2 + cr * 16;
+#pragma unroll
+  for (int k = 0; k < (HG * 8 + THREADS - 1) / THREADS; ++k)
+    if (hr + k * (THREADS / 8) < HG)
+      cp_async16(qs + k * (THREADS / 8) * ROWB, qr + (size_t)k * (THREADS / 8) * DROPE, 16);
+}
+static_assert(HG % NWARPS == 0 && HG % (THREADS / 64) == 0, "Q copy mappings");
+static_assert(HG * D <= 2 * BN * ROWB, "Q's packed rows fit the bf16 tile area");
+
+// Step 2, once issue_q's group landed: the packed rows -> bf16 [HG][ROWB].
+__device__ __forceinline__ void dequant_q(char* sm) {
+  // Thread t dequantizes 8-byte chunk t % 64 (56 of 64 busy) of heads t / 64 + 4k.
+  const int ch = threadIdx.x & 63, h = threadIdx.x >> 6;
+  if (ch >= 56) return;
+  const unsigned char* rp = reinterpret_cast<const unsigned char*>(sm + SM_KV) + h * D;
+  char* qp = sm + SM_Q + h * ROWB + ch * 16;
+#pragma unroll 4
+  for (int k = 0; k < HG / (THREADS / 64); ++k) {
+    const unsigned char* r = rp + k * (THREADS / 64) * D;
+    const uint2 w = *reinterpret_cast<const uint2*>(r + ch * 8);
+    const float sc = ue8m0(r[DNOPE + 2 * (ch >> 3)]);
+    *reinterpret_cast<uint4*>(qp + k * (THREADS / 64) * ROWB) = dq8(w, sc);
   }
 }
 
@@ -405,17 +427,19 @@ __device__ __forceinline__ void attend(char* sm, const Src& s, int row, int h0, 
   const int q = lane % LPR;
 
   __syncthreads();
+  issue_q(sm, s, row, h0);
   {
     const int i0 = tile_index(s, tok0, ntok, 0), i1 = tile_index(s, tok0, ntok, 1);
     if (ntiles > 0) issue_tile(sm, s, 0, i0, tk < ntok);
-    cp_async_commit();
+    cp_async_commit();  // Q and tile 0
     if (ntiles > 1) issue_tile(sm, s, 1, i1, BN + tk < ntok);
     cp_async_commit();
   }
   int idx_next = tile_index(s, tok0, ntok, 2);
-  load_q(sm, s, row, h0);
   cp_async_wait<1>();
   __syncthreads();
+  dequant_q(sm);
+  __syncthreads();  // Q's packed rows read before tile 0 lands on them
   if (ntiles > 0) dequant_tile(sm, 0);
 
   const int lrow = (lane & 7) + ((lane >> 3) & 1) * 8;  // ldmatrix row of an A tile
