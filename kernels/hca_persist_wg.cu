@@ -8,8 +8,12 @@
 // brings the row's 16-bit head-group field of counters[row] to `pieces`
 // merges every piece from L2 and subtracts the field back to 0. Nobody
 // waits on anybody, so any CTA order is safe.
+// The two head groups of a partition are one 2-CTA cluster (WG_PAIR in
+// common/mla_wg.cuh): they stream the same tokens, so each producer
+// dequantizes half of every tile for both.
 // Same ABI as hca_persist.cu except the block: kernels/ABI.md.
 // Defines: HK (128), KV_FP8=1, WG_V4=1, HCA_MIN_TOKENS.
+#define WG_PAIR 1
 #include "common/hca_parts.cuh"
 #include "common/wg_v4.cuh"
 
@@ -95,7 +99,7 @@ __device__ void merge_row(int r, int h0, long long st, long long en, long long t
 // parts (P) <= 4096, the call uses P_eff <= P partitions and the rest exit;
 // o_acc [2P, HK, 512] f32, lse_acc [2P, HK] f32, counters [>= n_rows] i32
 // zero at rest (left zero). Rows of length 0 are not written.
-extern "C" __global__ void __launch_bounds__(wg::THREADS, 1)
+extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(wg::THREADS, 1)
     hca_persist(const unsigned char* __restrict__ q_packed, const __nv_bfloat16* __restrict__ q_rope,
                 const unsigned char* __restrict__ pool_packed, const __nv_bfloat16* __restrict__ pool_rope,
                 const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,
@@ -115,6 +119,9 @@ extern "C" __global__ void __launch_bounds__(wg::THREADS, 1)
   // wgmma behind a branch it thinks divergent.
   const int pe = __shfl_sync(0xffffffffu, hca::effective_parts(total, parts), 0);
   if (p >= pe) return;
+  // Every exit above is taken by both CTAs of the cluster (they differ in
+  // blockIdx.x alone); past setup() neither leaves before the other's
+  // last arrival on its barriers (cluster_arrive / cluster_wait).
   const int lo = static_cast<int>(hca::bound(p, total, pe)), hi = static_cast<int>(hca::bound(p + 1, total, pe));
   if (lo >= hi) return;
   const int first = __shfl_sync(0xffffffffu, hca::find_row<wg::THREADS>(kv_indptr, n_rows, base, lo), 0);
@@ -146,6 +153,7 @@ extern "C" __global__ void __launch_bounds__(wg::THREADS, 1)
       if (k == 0) break;
       if (k == 2) wg::produce_v4(sbase, ps, ph, src);
     }
+    cluster_arrive();
     return;
   }
   wg::regs_inc<wg::CONSUMER_REGS>();
@@ -180,11 +188,14 @@ extern "C" __global__ void __launch_bounds__(wg::THREADS, 1)
     m1 = mine && m0 >= 0 ? r : m1;
     m0 = mine && m0 < 0 ? r : m0;
   }
-  if (m0 < 0) return;
-  __threadfence();
-  for (const int r : {m0, m1}) {
-    if (r < 0) break;
-    const int st = kv_indptr[r] - base, en = kv_indptr[r + 1] - base;
-    merge_row(r, h0, st, en, total, pe, o_acc, lse_acc, sink, o, lse);
+  cluster_arrive();  // past this warp's last arrival on the peer's barriers
+  if (m0 >= 0) {
+    __threadfence();
+    for (const int r : {m0, m1}) {
+      if (r < 0) break;
+      const int st = kv_indptr[r] - base, en = kv_indptr[r + 1] - base;
+      merge_row(r, h0, st, en, total, pe, o_acc, lse_acc, sink, o, lse);
+    }
   }
+  cluster_wait();  // the peer's consumers are done with this CTA's barriers
 }

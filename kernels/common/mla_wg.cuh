@@ -37,8 +37,13 @@
 // (common/wg_v4.cuh) dequantizes each tile-scaled e4m3 block to bf16 and
 // copies the bf16 rope, and both products run on bf16 wgmma.
 //
+// WG_PAIR (V4, 128 heads): the two head-group CTAs of a token range run as
+// one 2-CTA cluster, each producer dequantizing half of every tile's tokens
+// into both CTAs' buffers (common/wg_v4.cuh), so each tile is dequantized
+// once instead of twice: the producer sets the V4 core's rate.
+//
 // Defines: HK (kernel heads), KV_FP8 (0: bf16 Q and KV; 1: e4m3), WG_V4
-// (optional, 1: V4 native rows).
+// (optional, 1: V4 native rows), WG_PAIR (optional, 1: 2-CTA clusters).
 #pragma once
 #include <cuda_bf16.h>
 
@@ -50,6 +55,12 @@
 #endif
 #if WG_V4 && !KV_FP8
 #error "WG_V4 rows are e4m3: define KV_FP8=1"
+#endif
+#ifndef WG_PAIR
+#define WG_PAIR 0
+#endif
+#if WG_PAIR && !WG_V4
+#error "WG_PAIR shares V4 tiles: define WG_V4=1"
 #endif
 // f16 operands for MLA's e4m3 (exact, one conversion); V4's tile scales
 // need bf16's exponent range.
@@ -90,6 +101,7 @@ constexpr int OFF_L = OFF_SC1 + BM * 4;    // both warpgroups' row sums at the e
 constexpr int OFF_BAR = OFF_L + 2 * BM * 4;
 constexpr int BAR_FULL = 0;                // [2][NCB]: column block of a buffer landed
 constexpr int BAR_EMPTY = 2 * NCB;         // [2][2]: a buffer's first / second group of blocks is free
+constexpr int CTAS = 1 + WG_PAIR;          // CTAs whose consumers read (and free) each buffer
 constexpr int BAR_QFULL = BAR_EMPTY + 4;
 constexpr int BAR_QEMPTY = BAR_QFULL + 1;
 constexpr int N_BARS = BAR_QEMPTY + 1;
@@ -203,13 +215,28 @@ __device__ __forceinline__ unsigned setup(unsigned char* smem) {
   if (threadIdx.x == 0) {
     const unsigned bars = base + OFF_BAR;
     for (int i = 0; i < 2 * NCB; ++i) mbar_init(bars + 8 * (BAR_FULL + i), 128);
-    for (int i = 0; i < 4; ++i) mbar_init(bars + 8 * (BAR_EMPTY + i), 4);
+    for (int i = 0; i < 4; ++i) mbar_init(bars + 8 * (BAR_EMPTY + i), 4 * CTAS);
     mbar_init(bars + 8 * BAR_QFULL, 128);
     mbar_init(bars + 8 * BAR_QEMPTY, 8);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
+#if WG_PAIR
+  // The peer's barriers are initialised before anyone arrives on them.
+  cluster_arrive();
+  cluster_wait();
+#else
   __syncthreads();
+#endif
   return base;
+}
+
+// A consumer warp is done reading a group of blocks. Under WG_PAIR both
+// producers write every buffer, so the peer's barrier hears it too.
+__device__ __forceinline__ void free_group(unsigned bar) {
+  mbar_arrive(bar);
+#if WG_PAIR
+  mbar_arrive_remote(mapa(bar, cluster_rank() ^ 1u));
+#endif
 }
 
 // P's 16-bit type: the operand type of the products.
@@ -609,7 +636,7 @@ struct Consumer {
     fence_proxy_async();
     nbar_arrive(NB_P0, CONSUMERS);
     wgmma_wait<0>();
-    if (lane == 0) mbar_arrive(empty_bar(bars, 0, 0));  // V0L
+    if (lane == 0) free_group(empty_bar(bars, 0, 0));  // V0L
     nbar_sync(NB_P1, CONSUMERS);
     scale_rows(acc, g0, g1);
     l0 *= g0;
@@ -620,11 +647,11 @@ struct Consumer {
     if constexpr (MORE) {
       qk<0>(s, base, next_parity);
       wgmma_wait<1>();
-      if (lane == 0) mbar_arrive(empty_bar(bars, 1, 1));  // V1L and P1
+      if (lane == 0) free_group(empty_bar(bars, 1, 1));  // V1L and P1
       wgmma_wait<0>();
     } else {
       wgmma_wait<0>();
-      if (lane == 0) mbar_arrive(empty_bar(bars, 1, 1));
+      if (lane == 0) free_group(empty_bar(bars, 1, 1));
     }
   }
 
@@ -656,9 +683,9 @@ struct Consumer {
     pv_ss(acc, sp0, buf0 + 4 * CB);  // O_R += (P0 scale1) V0R
     wgmma_commit();
     wgmma_wait<1>();
-    if (lane == 0) mbar_arrive(empty_bar(bars, 1, 0));  // V1R
+    if (lane == 0) free_group(empty_bar(bars, 1, 0));  // V1R
     wgmma_wait<0>();
-    if (lane == 0) mbar_arrive(empty_bar(bars, 0, 1));  // V0R and P0
+    if (lane == 0) free_group(empty_bar(bars, 0, 1));  // V0R and P0
     if constexpr (MORE) {
       qk<1>(s, base, next_parity);
       wgmma_wait<0>();

@@ -150,8 +150,101 @@ __device__ __forceinline__ void rope_cp(unsigned buf, const __nv_bfloat16* __res
   }
 }
 
-// Pulls pair pr's packed rows and ropes into L2 (as prefetch_pair).
+#if WG_PAIR
+// This CTA's half of a tile (WG_PAIR): rows rb + 16j, j = 0, 1, with rb =
+// tg + 32 * rank, so each producer dequantizes 32 of the 64 tokens and
+// stores them into both CTAs' buffers; the lane mapping is V4Lines' (the
+// rows keep their swizzle parity, so the stores stay conflict-free).
+// Lower: lines 0 and 1; upper: line 2 and block 6's 64 bytes, chunk l8 % 4
+// of row j = l8 / 4. The rope goes by cp.async in each CTA, all 64 rows.
+struct V4Half {
+  uint4 d[4];
+  unsigned sc[2];  // as V4Lines::sc, rows j = 0, 1
+
+  template <bool UP>
+  __device__ __forceinline__ void load(const unsigned char* __restrict__ src, const int (&e)[2], int l8) {
+    auto row = [&](int j) { return src + static_cast<long long>(max(e[j], 0)) * V4_ROW; };
+    const int hi = l8 >> 2;
+    if (!UP) {
+#pragma unroll
+      for (int l = 0; l < 2; ++l)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) d[2 * l + j] = ld_chunk(row(j) + l * 128 + l8 * 16, e[j] >= 0);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) d[j] = ld_chunk(row(j) + 256 + l8 * 16, e[j] >= 0);
+      const int ek = hi ? e[1] : e[0];
+      d[2] = ld_chunk(src + static_cast<long long>(max(ek, 0)) * V4_ROW + 384 + (l8 & 3) * 16, ek >= 0);
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const uint2 w = ld_scales(row(j) + V4_SCALES + (UP ? 8 : 0), e[j] >= 0);
+      sc[j] = ((w.x >> (16 * hi)) & 0xFFu) | (((UP ? w.y : w.y >> (16 * hi)) & 0xFFu) << 8);
+    }
+  }
+
+  // One chunk as st_v4_chunk, into this CTA's buffer and the peer's (its
+  // address `peer` bytes away), completing 32 bytes on the peer's barrier
+  // `pbar` of that block.
+  __device__ __forceinline__ static void put(unsigned blk, int r, int ch, uint4 v, unsigned e, unsigned peer,
+                                             unsigned pbar) {
+    const unsigned s2 = ue8m0_bf16x2(e & 0xFFu);
+    const unsigned w[4] = {v.x, v.y, v.z, v.w};
+    unsigned h[8];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      h[2 * i] = dq_pair(static_cast<unsigned short>(w[i] & 0xFFFFu), s2);
+      h[2 * i + 1] = dq_pair(static_cast<unsigned short>(w[i] >> 16), s2);
+    }
+    const unsigned a0 = blk + r * 128 + ((ch ^ (r & 7)) << 4), a1 = blk + r * 128 + (((ch + 1) ^ (r & 7)) << 4);
+    sts_v4(a0, h[0], h[1], h[2], h[3]);
+    sts_v4(a1, h[4], h[5], h[6], h[7]);
+    st_async_v4(a0 + peer, h[0], h[1], h[2], h[3], pbar);
+    st_async_v4(a1 + peer, h[4], h[5], h[6], h[7], pbar);
+  }
+
+  // pfull: the peer's full barriers of this buffer (cluster address).
+  template <bool UP>
+  __device__ __forceinline__ void store(unsigned buf, int rb, int l8, unsigned peer, unsigned pfull) const {
+    const int hi = l8 >> 2, ch = 2 * (l8 & 3);
+    if (!UP) {
+#pragma unroll
+      for (int l = 0; l < 2; ++l)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int c = 2 * l + hi;
+          put(buf + c * CB, rb + 16 * j, ch, d[2 * l + j], sc[j] >> (8 * l), peer, pfull + 8 * c);
+        }
+    } else {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) put(buf + (4 + hi) * CB, rb + 16 * j, ch, d[j], sc[j], peer, pfull + 8 * (4 + hi));
+      put(buf + 6 * CB, rb + 16 * hi, ch, d[2], (hi ? sc[1] : sc[0]) >> 8, peer, pfull + 8 * 6);
+    }
+    fence_proxy_async();  // generic stores, read by wgmma through the async proxy
+  }
+};
+
+// The peer's half of a dequantized block: 32 rows of 128 bytes.
+constexpr unsigned PEER_BLOCK_BYTES = 32 * 128;
+
+// Every producer thread arrives on a dequantized block's full barrier; one
+// also expects the peer's half, so the phase completes when both landed.
+__device__ __forceinline__ void arrive_full(unsigned bar, int p) {
+  if (p == 0) {
+    mbar_arrive_expect_tx(bar, PEER_BLOCK_BYTES);
+  } else {
+    mbar_arrive(bar);
+  }
+}
+#endif
+
+// Pulls pair pr's packed rows and ropes into L2 (as prefetch_pair). Under
+// WG_PAIR each CTA pulls the 64 tokens it dequantizes (threads 0-63).
 __device__ __forceinline__ void prefetch_v4(const Pass& ps, int pr, int p, const V4Src& s) {
+#if WG_PAIR
+  if (p >= 2 * 32) return;
+  p = (p >> 5) * BN + 32 * static_cast<int>(cluster_rank()) + (p & 31);
+#endif
   const int t = ps.t0 + 2 * pr * BN + p;
   if (!ps.prefetch || t >= ps.t_end) return;
   const long long e = __ldg(ps.idx + t);
@@ -183,6 +276,10 @@ __device__ void produce_v4(unsigned base, const Pass& ps, Phase& ph, const V4Src
     mbar_arrive(bars + 8 * BAR_QFULL);
   }
   const int np = n_pairs(ps);
+#if WG_PAIR
+  const unsigned rank = cluster_rank(), peer = mapa(base, rank ^ 1u) - base;
+  const int rb = tg + 32 * static_cast<int>(rank);
+#endif
   for (int pr = 0; pr < np; ++pr, ++ph.pairs) {
     prefetch_v4(ps, pr + 1, p, s);
     // In the order the consumers free them: 0A, 1A, 0B, 1B. Group A of
@@ -193,6 +290,30 @@ __device__ void produce_v4(unsigned base, const Pass& ps, Phase& ph, const V4Src
       const int b = step & 1, g = step >> 1;
       int e[4];
       tile_rows<1>(ps, ps.t0 + (2 * pr + b) * BN, tg, e);
+#if WG_PAIR
+      // Rows rb, rb + 16 are rows tg + 16k of k = 2 rank, 2 rank + 1.
+      const int eh[2] = {rank ? e[2] : e[0], rank ? e[3] : e[1]};
+      V4Half ln;
+      const unsigned buf = base + OFF_BUF + b * TILE;
+      const unsigned full = bars + 8 * (BAR_FULL + b * NCB);
+      const unsigned empty = empty_bar(bars, b, g);
+      const unsigned parity = (ph.pairs & 1) ^ 1;
+      if (b == g) {
+        ln.load<false>(s.kv, eh, l8);
+        mbar_wait(empty, parity);
+        ln.store<false>(buf, rb, l8, peer, full + peer);
+#pragma unroll
+        for (int c = 0; c < 4; ++c) arrive_full(full + 8 * c, p);
+      } else {
+        ln.load<true>(s.kv, eh, l8);
+        mbar_wait(empty, parity);
+        rope_cp(buf, s.kv_rope, e, tg, l8);
+        mbar_arrive_cp_async(full + 8 * 7);
+        ln.store<true>(buf, rb, l8, peer, full + peer);
+#pragma unroll
+        for (int c = 4; c < 7; ++c) arrive_full(full + 8 * c, p);
+      }
+#else
       V4Lines ln;
       const unsigned buf = base + OFF_BUF + b * TILE;
       const unsigned full = bars + 8 * (BAR_FULL + b * NCB);
@@ -213,6 +334,7 @@ __device__ void produce_v4(unsigned base, const Pass& ps, Phase& ph, const V4Src
 #pragma unroll
         for (int c = 4; c < 7; ++c) mbar_arrive(full + 8 * c);
       }
+#endif
     }
   }
   ++ph.items;
