@@ -62,13 +62,17 @@ pub fn spec(hk: usize, core: V4Core) -> KernelSpec {
 }
 
 /// The core for a call plan, and why: `v4::core` with a partition as the
-/// split (every partition streams its tokens on one CTA per head group).
+/// split (every partition streams all its tokens for each head group).
 fn core_of(plan: &HcaPlan, hk: usize, choice: V4CoreChoice) -> (V4Core, String) {
     let (core, why) = v4::core(hk, plan.tokens_per_partition(), choice);
+    let pair = match core {
+        V4Core::Wg => "; a partition's two head groups run as one 2-CTA cluster, each CTA dequantizing half of every tile for both",
+        V4Core::Mma => "",
+    };
     (
         core,
         format!(
-            "{why} (a split here is a partition: {} tokens over P_eff={})",
+            "{why} (a split here is a partition: {} tokens over P_eff={}){pair}",
             plan.total, plan.partitions
         ),
     )
@@ -344,10 +348,13 @@ mod tests {
         let (core, why) = core_of(&long, 128, V4CoreChoice::Auto);
         assert_eq!(core, V4Core::Wg);
         assert!(why.contains("12000 tokens over P_eff=8"), "{why}");
+        assert!(why.contains("2-CTA cluster"), "{why}");
         assert_eq!(spec(128, core).file, "hca_persist_wg.cu");
         // The same lengths over 16 partitions: 750 tokens each.
         let short = hca_partition_plan(&[3000, 9000], 16).unwrap();
-        assert_eq!(core_of(&short, 128, V4CoreChoice::Auto).0, V4Core::Mma);
+        let (mma, why) = core_of(&short, 128, V4CoreChoice::Auto);
+        assert_eq!(mma, V4Core::Mma);
+        assert!(!why.contains("cluster"), "{why}");
         assert_eq!(core_of(&short, 128, V4CoreChoice::Wg).0, V4Core::Wg);
         assert_eq!(spec(128, V4Core::Mma).file, "hca_persist.cu");
     }
