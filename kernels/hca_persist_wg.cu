@@ -119,11 +119,11 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(wg::THREA
   // wgmma behind a branch it thinks divergent.
   const int pe = __shfl_sync(0xffffffffu, hca::effective_parts(total, parts), 0);
   if (p >= pe) return;
+  const int lo = static_cast<int>(hca::bound(p, total, pe)), hi = static_cast<int>(hca::bound(p + 1, total, pe));
+  if (lo >= hi) return;
   // Every exit above is taken by both CTAs of the cluster (they differ in
   // blockIdx.x alone); past setup() neither leaves before the other's
   // last arrival on its barriers (cluster_arrive / cluster_wait).
-  const int lo = static_cast<int>(hca::bound(p, total, pe)), hi = static_cast<int>(hca::bound(p + 1, total, pe));
-  if (lo >= hi) return;
   const int first = __shfl_sync(0xffffffffu, hca::find_row<wg::THREADS>(kv_indptr, n_rows, base, lo), 0);
   const unsigned sbase = wg::setup(smem);
   const int shift = 16 * static_cast<int>(blockIdx.x);  // this head group's counter field

@@ -231,7 +231,9 @@ __device__ __forceinline__ unsigned setup(unsigned char* smem) {
 }
 
 // A consumer warp is done reading a group of blocks. Under WG_PAIR both
-// producers write every buffer, so the peer's barrier hears it too.
+// producers write every buffer, so the peer's barrier hears it too (its
+// address is derived here, at each arrival: the consumers hold no spare
+// register for it).
 __device__ __forceinline__ void free_group(unsigned bar) {
   mbar_arrive(bar);
 #if WG_PAIR

@@ -57,19 +57,25 @@ __device__ __forceinline__ unsigned dq_pair(unsigned short v, unsigned s2) {
   return r;
 }
 
-// One 16-byte e4m3 chunk (16 dims) with scale byte e as bf16 chunks ch and
-// ch + 1 of row r's 128-byte line in the column block at `blk`. (Folding
-// the 2^112 into the scale saves a multiply per pair but needs a per-chunk
-// vote for scales past bf16's range; it measured 3-5% slower.)
-__device__ __forceinline__ void st_v4_chunk(unsigned blk, int r, int ch, uint4 v, unsigned e) {
+// One 16-byte e4m3 chunk (16 dims) times the tile scale of byte e, as 8
+// bf16x2 words in dim order. (Folding the 2^112 into the scale saves a
+// multiply per pair but needs a per-chunk vote for scales past bf16's
+// range; it measured 3-5% slower.)
+__device__ __forceinline__ void dq_chunk(uint4 v, unsigned e, unsigned (&h)[8]) {
   const unsigned s2 = ue8m0_bf16x2(e & 0xFFu);
   const unsigned w[4] = {v.x, v.y, v.z, v.w};
-  unsigned h[8];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     h[2 * i] = dq_pair(static_cast<unsigned short>(w[i] & 0xFFFFu), s2);
     h[2 * i + 1] = dq_pair(static_cast<unsigned short>(w[i] >> 16), s2);
   }
+}
+
+// One chunk with scale byte e as bf16 chunks ch and ch + 1 of row r's
+// 128-byte line in the column block at `blk`.
+__device__ __forceinline__ void st_v4_chunk(unsigned blk, int r, int ch, uint4 v, unsigned e) {
+  unsigned h[8];
+  dq_chunk(v, e, h);
   const unsigned row = blk + r * 128;
   sts_v4(row + ((ch ^ (r & 7)) << 4), h[0], h[1], h[2], h[3]);
   sts_v4(row + (((ch + 1) ^ (r & 7)) << 4), h[4], h[5], h[6], h[7]);
@@ -77,6 +83,14 @@ __device__ __forceinline__ void st_v4_chunk(unsigned blk, int r, int ch, uint4 v
 
 __device__ __forceinline__ uint2 ld_scales(const unsigned char* p, bool ok) {
   return ok ? __ldg(reinterpret_cast<const uint2*>(p)) : make_uint2(0u, 0u);
+}
+
+// Scale bytes are doubled (s0 s0 s1 s1 ...): block b's is byte 2b. Of the
+// 8 bytes w of the lower (UP = false) or upper half, the two a thread of
+// half hi (l8 / 4) uses: lower blocks hi and 2 + hi, upper 4 + hi and 6.
+template <bool UP>
+__device__ __forceinline__ unsigned pick_scales(uint2 w, int hi) {
+  return ((w.x >> (16 * hi)) & 0xFFu) | (((UP ? w.y : w.y >> (16 * hi)) & 0xFFu) << 8);
 }
 
 // A group of packed rows held in registers, rows tg + 16k (source row e[k],
@@ -107,15 +121,12 @@ struct V4Lines {
         d[4 + h] = ld_chunk(src + static_cast<long long>(max(ek, 0)) * V4_ROW + 384 + (l8 & 3) * 16, ek >= 0);
       }
     }
-    // Scale bytes are doubled (s0 s0 s1 s1 ...): block b's is byte 2b. Only
-    // the two this thread uses stay live (waiting for them here costs
-    // nothing: the stores after the wait need the chunks loaded with them).
+    // Only the two scale bytes this thread uses stay live (waiting for
+    // them here costs nothing: the stores after the wait need the chunks
+    // loaded with them).
     const int hi = l8 >> 2;
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const uint2 w = ld_scales(row(k) + V4_SCALES + (UP ? 8 : 0), e[k] >= 0);
-      sc[k] = ((w.x >> (16 * hi)) & 0xFFu) | (((UP ? w.y : w.y >> (16 * hi)) & 0xFFu) << 8);
-    }
+    for (int k = 0; k < 4; ++k) sc[k] = pick_scales<UP>(ld_scales(row(k) + V4_SCALES + (UP ? 8 : 0), e[k] >= 0), hi);
   }
 
   template <bool UP>
@@ -177,10 +188,7 @@ struct V4Half {
       d[2] = ld_chunk(src + static_cast<long long>(max(ek, 0)) * V4_ROW + 384 + (l8 & 3) * 16, ek >= 0);
     }
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const uint2 w = ld_scales(row(j) + V4_SCALES + (UP ? 8 : 0), e[j] >= 0);
-      sc[j] = ((w.x >> (16 * hi)) & 0xFFu) | (((UP ? w.y : w.y >> (16 * hi)) & 0xFFu) << 8);
-    }
+    for (int j = 0; j < 2; ++j) sc[j] = pick_scales<UP>(ld_scales(row(j) + V4_SCALES + (UP ? 8 : 0), e[j] >= 0), hi);
   }
 
   // One chunk as st_v4_chunk, into this CTA's buffer and the peer's (its
@@ -188,14 +196,8 @@ struct V4Half {
   // `pbar` of that block.
   __device__ __forceinline__ static void put(unsigned blk, int r, int ch, uint4 v, unsigned e, unsigned peer,
                                              unsigned pbar) {
-    const unsigned s2 = ue8m0_bf16x2(e & 0xFFu);
-    const unsigned w[4] = {v.x, v.y, v.z, v.w};
     unsigned h[8];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      h[2 * i] = dq_pair(static_cast<unsigned short>(w[i] & 0xFFFFu), s2);
-      h[2 * i + 1] = dq_pair(static_cast<unsigned short>(w[i] >> 16), s2);
-    }
+    dq_chunk(v, e, h);
     const unsigned a0 = blk + r * 128 + ((ch ^ (r & 7)) << 4), a1 = blk + r * 128 + (((ch + 1) ^ (r & 7)) << 4);
     sts_v4(a0, h[0], h[1], h[2], h[3]);
     sts_v4(a1, h[4], h[5], h[6], h[7]);
