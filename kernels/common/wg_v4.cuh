@@ -286,8 +286,15 @@ __device__ void produce_v4(unsigned base, const Pass& ps, Phase& ph, const V4Src
     prefetch_v4(ps, pr + 1, p, s);
     // In the order the consumers free them: 0A, 1A, 0B, 1B. Group A of
     // buffer 0 and group B of buffer 1 are blocks 0-3 (lower), the others
-    // blocks 4-7 (upper).
+    // blocks 4-7 (upper). One CTA's producer runs the steps as a loop:
+    // unrolled they are twice the code, and with the consumers' loop they
+    // overflow the instruction cache (docs/kernels.md). The pair
+    // producer's half-size steps measured faster unrolled.
+#if WG_PAIR
 #pragma unroll
+#else
+#pragma unroll 1
+#endif
     for (int step = 0; step < 4; ++step) {
       const int b = step & 1, g = step >> 1;
       int e[4];
