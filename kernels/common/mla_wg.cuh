@@ -406,8 +406,8 @@ __device__ void produce(unsigned base, const Pass& ps, Phase& ph, const unsigned
   for (int pr = 0; pr < np; ++pr, ++ph.pairs) {
     prefetch_pair<PAGE>(ps, pr + 1, p, kv);
     // In the order the consumers free them: 0A, 1A, 0B, 1B. A loop, not
-    // unrolled: half the code, which with the consumers' loop otherwise
-    // overflows the instruction cache (docs/kernels.md).
+    // unrolled: fewer instructions for the instruction cache to hold beside
+    // the consumers' loop (docs/kernels.md).
 #pragma unroll 1
     for (int step = 0; step < 4; ++step) {
       const int b = step & 1, g = step >> 1;

@@ -287,9 +287,9 @@ __device__ void produce_v4(unsigned base, const Pass& ps, Phase& ph, const V4Src
     // In the order the consumers free them: 0A, 1A, 0B, 1B. Group A of
     // buffer 0 and group B of buffer 1 are blocks 0-3 (lower), the others
     // blocks 4-7 (upper). One CTA's producer runs the steps as a loop:
-    // unrolled they are twice the code, and with the consumers' loop they
-    // overflow the instruction cache (docs/kernels.md). The pair
-    // producer's half-size steps measured faster unrolled.
+    // fewer instructions for the instruction cache to hold beside the
+    // consumers' loop (docs/kernels.md). The pair producer's half-size
+    // steps measured faster unrolled.
 #if WG_PAIR
 #pragma unroll
 #else
