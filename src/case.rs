@@ -353,6 +353,11 @@ pub struct Case {
     pub ps1_schedule: Ps1Schedule,
     /// The V4 kernels' core (a run option, not part of the id).
     pub v4_core: V4CoreChoice,
+    /// GPUs the DCP ranks run on, through NCCL (`-g<N>` in the id);
+    /// `None`: emulated on one GPU, rank after rank.
+    pub dcp_devices: Option<usize>,
+    /// The element type of that step's reduce-scatter (`-rs32` in the id for f32).
+    pub dcp_reduce: crate::dcp::Reduce,
     pub scenario: PathBuf,
 }
 
@@ -385,6 +390,10 @@ impl Case {
                 put("s_q", p.s_q.to_string());
                 put("dtype", p.dtype.to_string());
                 put("page_size", p.page_size.to_string());
+                if let Some(n) = case.dcp_devices {
+                    put("dcp_devices", n.to_string());
+                    put("dcp_reduce", case.dcp_reduce.to_string());
+                }
             }
             CaseParams::V4(p) => {
                 put("family", "v4".into());
@@ -403,6 +412,16 @@ impl Case {
             }
         }
         m
+    }
+
+    /// This case with its DCP ranks on `n` GPUs, as a case of its own: the
+    /// same data, measured as a whole decode step.
+    pub fn on_devices(&self, n: usize, reduce: crate::dcp::Reduce) -> Case {
+        let mut c = self.clone();
+        c.id = compose_id(&self.id, &format!("-g{n}{}", reduce.knob()));
+        c.dcp_devices = Some(n);
+        c.dcp_reduce = reduce;
+        c
     }
 
     /// The `--case` filter that selects exactly this case's rows.

@@ -116,6 +116,17 @@ pub struct RunArgs {
     /// case ids stay the same, so `mlabench ab` can compare the two.
     #[arg(long, default_value = "balanced", value_parser = ps1_schedules())]
     pub ps1_schedule: String,
+    /// Also run each DCP case's ranks on N GPUs (1, 2, 4 or 8, dividing W;
+    /// `world`: one GPU per rank): Q all-gathered and the LSE combine done
+    /// through NCCL, timed as a whole decode step. Each such case gets a
+    /// `-g<N>` twin beside its one-GPU emulation.
+    #[arg(long, value_name = "N|world")]
+    pub dcp_devices: Option<String>,
+    /// The element type(s) of that step's reduce-scatter of the outputs:
+    /// bf16 (vLLM's cp_lse_ag_out_rs, the default), f32, or bf16,f32 for a
+    /// twin of each.
+    #[arg(long, value_name = "LIST", default_value = "bf16", requires = "dcp_devices")]
+    pub dcp_reduce: String,
     /// Compare with this baseline (a run directory or its rows.csv) and exit 1
     /// on a regression; the comparison is also written to the run's compare.md.
     #[arg(long, value_name = "RUN")]

@@ -9,6 +9,7 @@ pub mod budget;
 pub mod case;
 pub mod cli;
 pub mod dcp;
+pub mod dcp_step;
 pub mod error;
 pub mod judge;
 pub mod metrics;

@@ -125,6 +125,10 @@ pub struct Row {
     /// Workload shape and knobs, as key/value (the fixed-schema CSV's params column).
     pub params: BTreeMap<String, String>,
     pub repro: String,
+    /// A DCP step on a group of GPUs (`--dcp-devices`): its shape, NCCL,
+    /// bandwidth and ideal; the phases are `latency` regions `step.*`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dcp_step: Option<crate::dcp_step::DcpStep>,
 }
 
 /// What rows made before implementations existed ran.

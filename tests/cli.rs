@@ -193,6 +193,11 @@ const MALFORMED: &[(&str, &str, &str)] = &[
     ("v4 splits", "[[v4]]\nlayer = \"hca\"\nrows = 4\nheads = 16\nposition = 100\nsplits = 17\nvariants = [\"v4_split\"]\n", "splits"),
     ("v4 position past max", "[[v4]]\nlayer = \"hca\"\nrows = 4\nheads = 16\nposition = 5000\nmax_model_len = 4096\nvariants = [\"v4_split\"]\n", "position"),
     ("no blocks", "name = \"empty\"\n", "[[mla]]"),
+    ("dcp_devices count", "[[mla]]\nbatch = 2\ncontext = 64\nheads_local = 8\ndcp_world = [2, 8]\nvariants = [\"ps1\"]\ndcp_devices = 3\n", "dcp_devices"),
+    ("dcp_devices not dividing W", "[[mla]]\nbatch = 2\ncontext = 64\nheads_local = 8\ndcp_world = [2, 8]\nvariants = [\"ps1\"]\ndcp_devices = 4\n", "W=2 is not a multiple of 4 GPUs"),
+    ("dcp_reduce alone", "[[mla]]\nbatch = 2\ncontext = 64\nheads_local = 8\ndcp_world = 2\nvariants = [\"ps1\"]\ndcp_reduce = \"f32\"\n", "add dcp_devices"),
+    ("dcp_reduce type", "[[mla]]\nbatch = 2\ncontext = 64\nheads_local = 8\ndcp_world = 2\nvariants = [\"ps1\"]\ndcp_devices = 2\ndcp_reduce = \"f16\"\n", "dcp_reduce"),
+    ("dcp_devices world past 8", "[[mla]]\nbatch = 2\ncontext = 64\nheads_local = 1\ndcp_world = 16\nvariants = [\"ps1\"]\ndcp_devices = \"world\"\n", "dcp_devices"),
     ("toml syntax", "[[mla]\nbatch = 2\n", "bad.toml"),
 ];
 
@@ -1089,4 +1094,71 @@ fn the_pipeline_gives_the_rows_of_one_case_at_a_time_in_the_same_order() {
     assert_eq!(got[0].len(), smoke_case_count());
     assert_eq!(got[0], got[1]);
     assert_eq!(got[0], got[2]);
+}
+
+/// `mlabench run` of the smoke scenario with `args` after it; its stderr
+/// and exit code.
+fn smoke_run(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String) {
+    let out = tempfile::tempdir().unwrap();
+    let mut c = bin();
+    c.args(["run", "scenarios/smoke.toml", "-q", "--no-timing", "--out"])
+        .arg(out.path())
+        .args(args);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let o = c.output().unwrap();
+    (o.status.code(), String::from_utf8_lossy(&o.stderr).into_owned())
+}
+
+#[test]
+fn dcp_devices_arguments_that_cannot_work_exit_2_naming_the_fix() {
+    let (code, err) = smoke_run(&["--dcp-devices", "3"], &[]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--dcp-devices `3`: give 1, 2, 4 or 8 GPUs"), "{err}");
+    let (code, err) = smoke_run(&["--dcp-devices", "2", "--backend", "cpu"], &[]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("the cpu backend has none: use --backend cuda"), "{err}");
+    // The W=2 cases only: 4 GPUs divide none of them.
+    let (code, err) = smoke_run(&["--dcp-devices", "4", "--case", "x2-"], &[]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("no case can run on those GPUs") && err.contains("W=2 is not a multiple of 4 GPUs"),
+        "{err}"
+    );
+}
+
+#[test]
+fn dcp_devices_without_nccl_is_an_environment_error_naming_the_install() {
+    // Checked before the driver, so it holds on a machine without a GPU too.
+    let (code, err) = smoke_run(
+        &["--dcp-devices", "1", "--backend", "cuda"],
+        &[("MLABENCH_NCCL_LIB", "/nonexistent/libnccl.so.2")],
+    );
+    assert_eq!(code, Some(2), "{err}");
+    for needle in [
+        "libnccl (NCCL) could not be loaded",
+        "/nonexistent/libnccl.so.2",
+        "pip install nvidia-nccl-cu13",
+    ] {
+        assert!(err.contains(needle), "names {needle}: {err}");
+    }
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn plan_shows_which_gpu_holds_which_rank_of_a_dcp_group() {
+    let o = bin()
+        .args(["plan", "scenarios/kimi-k3-dcp8-multi.toml", "--case", "h12x4-s1-q4"])
+        .assert()
+        .code(0)
+        .get_output()
+        .stdout
+        .clone();
+    let s = String::from_utf8_lossy(&o);
+    assert!(s.contains("-p1-g4"), "the twin of each case runs on W GPUs:\n{s}");
+    assert!(
+        s.contains("DCP group on 4 GPUs (GPU 0: r0, GPU 1: r1, GPU 2: r2, GPU 3: r3)"),
+        "{s}"
+    );
 }

@@ -10,6 +10,7 @@ use super::memory;
 use crate::backend::{Backend, Exec, Handoff, TimingOptions};
 use crate::case::{Case, Ps1Schedule, V4CoreChoice};
 use crate::cli::{BackendChoice, Execution, RunArgs};
+use crate::dcp::{Devices, Reduce};
 use crate::error::InputError;
 use crate::report::RunMeta;
 use crate::runner::CaseOptions;
@@ -27,6 +28,10 @@ pub struct RunOptions {
     pub handoff: Handoff,
     pub ps1_schedule: Ps1Schedule,
     pub v4_core: V4CoreChoice,
+    /// Each DCP case also runs as a step on a group of GPUs, once per
+    /// reduce-scatter type.
+    pub dcp_devices: Option<Devices>,
+    pub dcp_reduce: Vec<Reduce>,
     /// Variants run past a gate that rejects them.
     pub force: Vec<VariantId>,
     pub dump: Option<PathBuf>,
@@ -44,6 +49,14 @@ impl RunOptions {
     pub fn from_run(a: &RunArgs) -> Result<RunOptions, InputError> {
         let mut o = Self::from_exec(&a.exec, !a.no_timing, !a.warm_l2)?;
         o.ps1_schedule = a.ps1_schedule.parse().map_err(InputError::Usage)?;
+        o.dcp_devices = a
+            .dcp_devices
+            .as_deref()
+            .map(|d| {
+                d.parse::<Devices>()
+                    .map_err(|e| InputError::Usage(format!("--dcp-devices {e}")))
+            })
+            .transpose()?;
         o.force = super::parse_variants(&a.force, "--force")?;
         o.dump = a.dump.clone();
         o.junit = a.junit.clone();
@@ -123,6 +136,8 @@ impl RunOptions {
             handoff: e.handoff.parse().map_err(InputError::Usage)?,
             ps1_schedule: Ps1Schedule::default(),
             v4_core: e.v4_core.parse().map_err(InputError::Usage)?,
+            dcp_devices: None,
+            dcp_reduce: vec![Reduce::Bf16],
             force: vec![],
             dump: None,
             junit: None,
@@ -141,6 +156,73 @@ impl RunOptions {
             c.ps1_schedule = self.ps1_schedule;
             c.v4_core = self.v4_core;
         }
+    }
+
+    /// Adds the `-g<N>` twins `--dcp-devices` asks for. A flag that gives
+    /// no case a twin would measure nothing it names: refused, with why.
+    pub fn add_device_twins(&self, cases: &mut Vec<Case>) -> Result<Vec<String>, InputError> {
+        let Some(d) = self.dcp_devices else {
+            return Ok(vec![]);
+        };
+        let refused = crate::scenario::add_device_twins(cases, d, &self.dcp_reduce);
+        if !cases.iter().any(|c| c.dcp_devices.is_some()) {
+            let why = match refused.first() {
+                Some(r) => format!(
+                    "{r}{}",
+                    if refused.len() > 1 {
+                        format!(" (and {} more)", refused.len() - 1)
+                    } else {
+                        String::new()
+                    }
+                ),
+                None => "no case runs ps1 or page64 (the decode kernels a DCP group runs)".into(),
+            };
+            return Err(InputError::Usage(format!(
+                "--dcp-devices {d}: no case can run on those GPUs: {why}; give a count that divides the cases' dcp_world, or world"
+            )));
+        }
+        Ok(refused
+            .iter()
+            .map(|r| format!("--dcp-devices {d}: {r}; that case runs on one GPU only"))
+            .collect())
+    }
+
+    /// The `-g<N>` cases that need more GPUs than the `count` visible, with
+    /// the reason their rows give. Asking for more GPUs than there are by
+    /// `--dcp-devices N`, or leaving no group case that fits, is an error.
+    pub fn fit_groups(
+        &self,
+        cases: &[Case],
+        count: usize,
+    ) -> Result<std::collections::HashMap<String, String>, InputError> {
+        let short = |n: usize| {
+            format!(
+                "needs a DCP group of {} and this machine has {}",
+                crate::backend::gpus(n),
+                crate::backend::gpus(count)
+            )
+        };
+        if let Some(Devices::Count(n)) = self.dcp_devices {
+            if n > count {
+                return Err(InputError::Environment(format!(
+                    "--dcp-devices {n}: the run {}; give a count of at most {count} that divides W (check CUDA_VISIBLE_DEVICES)",
+                    short(n)
+                )));
+            }
+        }
+        let skips: std::collections::HashMap<String, String> = cases
+            .iter()
+            .filter_map(|c| c.dcp_devices.filter(|&n| n > count).map(|n| (c.key(), short(n))))
+            .collect();
+        let fits = cases.iter().any(|c| c.dcp_devices.is_some_and(|n| n <= count));
+        if !fits {
+            let need = cases.iter().filter_map(|c| c.dcp_devices).min().unwrap_or(0);
+            return Err(InputError::Environment(format!(
+                "every DCP group case {}: run on a machine with more GPUs, or pick cases with a smaller W",
+                short(need)
+            )));
+        }
+        Ok(skips)
     }
 
     /// The kernels a run needs must be there on every backend: a CPU run that
@@ -191,6 +273,13 @@ impl RunOptions {
         }
         for v in &self.force {
             f.push_str(&format!(" --force {v}"));
+        }
+        if let Some(d) = self.dcp_devices {
+            f.push_str(&format!(" --dcp-devices {d}"));
+            if self.dcp_reduce != [Reduce::Bf16] {
+                let r: Vec<String> = self.dcp_reduce.iter().map(Reduce::to_string).collect();
+                f.push_str(&format!(" --dcp-reduce {}", r.join(",")));
+            }
         }
         f
     }
@@ -331,5 +420,61 @@ fn parse_noise(s: &str) -> Result<Option<f64>, InputError> {
         _ => Err(InputError::Usage(format!(
             "--target-noise {s}: give a percentage above 0 and below 100 (0.5 or 0.5% is 0.5%), or off to stop on --min-samples and --min-time-ms alone"
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn options(args: &[&str]) -> RunOptions {
+        let mut argv = vec!["mlabench", "run"];
+        argv.extend_from_slice(args);
+        let crate::cli::Command::Run(a) = crate::cli::Cli::parse_from(argv).cmd else {
+            panic!("a run")
+        };
+        RunOptions::from_run(&a).unwrap()
+    }
+
+    fn smoke_twins(o: &RunOptions) -> Vec<Case> {
+        let sc = crate::scenario::load(Path::new("scenarios/smoke.toml")).unwrap();
+        let mut cases = crate::scenario::expand(&sc).cases;
+        o.add_device_twins(&mut cases).unwrap();
+        cases
+    }
+
+    #[test]
+    fn group_cases_past_the_visible_gpus_skip_and_an_explicit_count_past_them_is_refused() {
+        let world = options(&["--dcp-devices", "world"]);
+        let cases = smoke_twins(&world);
+        let sizes: std::collections::BTreeSet<usize> = cases.iter().filter_map(|c| c.dcp_devices).collect();
+        assert_eq!(sizes, [2, 4, 8].into_iter().collect());
+        // Two GPUs: the W=2 twins run, the W=4 and W=8 ones skip, saying why.
+        let skips = world.fit_groups(&cases, 2).unwrap();
+        assert!(!skips.is_empty());
+        for c in &cases {
+            let skipped = skips.get(&c.key());
+            assert_eq!(skipped.is_some(), c.dcp_devices.is_some_and(|n| n > 2), "{}", c.key());
+            if let Some(why) = skipped {
+                assert!(why.contains("and this machine has 2 GPUs"), "{why}");
+            }
+        }
+        // One GPU holds none of them.
+        let e = world.fit_groups(&cases, 1).unwrap_err().to_string();
+        assert!(
+            e.contains("needs a DCP group of 2 GPUs and this machine has 1 GPU"),
+            "{e}"
+        );
+        // Asked for 8 by name on a 4-GPU machine: exit 2, not skips.
+        let eight = options(&["--dcp-devices", "8"]);
+        let cases = smoke_twins(&eight);
+        let e = eight.fit_groups(&cases, 4).unwrap_err().to_string();
+        assert!(
+            e.starts_with("--dcp-devices 8: the run needs a DCP group of 8 GPUs"),
+            "{e}"
+        );
+        assert!(eight.fit_groups(&cases, 8).unwrap().is_empty());
+        assert!(eight.repro_flags("cuda").ends_with(" --dcp-devices 8"));
     }
 }

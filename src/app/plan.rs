@@ -43,6 +43,9 @@ pub fn plan(args: &PlanArgs) -> Result<u8> {
             continue;
         }
         println!(" gate: {}{}", d.gate, if d.forced { " [forced]" } else { "" });
+        if let (Some(n), Some(p)) = (case.dcp_devices, case.mla()) {
+            println!("      {}", group_line(n, p.dcp.world, case.dcp_reduce));
+        }
         let unit = case.variant.unit();
         let plan = match unit.plan_note() {
             Some(note) => {
@@ -66,6 +69,22 @@ pub fn plan(args: &PlanArgs) -> Result<u8> {
         println!("      edges: {}", edges::describe(&unit.edges(case, plan.as_ref())));
     }
     Ok(exit::OK)
+}
+
+/// Where a `-g<N>` case's ranks run and what crosses the GPUs.
+fn group_line(n: usize, world: usize, reduce: crate::dcp::Reduce) -> String {
+    let k = world / n.max(1);
+    let gpus: Vec<String> = (0..n)
+        .map(|g| match k {
+            1 => format!("GPU {g}: r{g}"),
+            _ => format!("GPU {g}: r{}-r{}", g * k, g * k + k - 1),
+        })
+        .collect();
+    format!(
+        "DCP group on {} ({}): Q all-gather, each rank's decode, LSE all-gather, local combine, {reduce} reduce-scatter (NCCL)",
+        crate::backend::gpus(n),
+        gpus.join(", ")
+    )
 }
 
 fn describe_data(case: &Case) {

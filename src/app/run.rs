@@ -39,8 +39,27 @@ pub fn run(args: &RunArgs) -> Result<u8> {
         None => None,
     };
     opts.apply(&mut cases);
+    let mut notes = notes;
+    notes.extend(opts.add_device_twins(&mut cases)?);
+    let group = cases.iter().filter_map(|c| c.dcp_devices).max();
+    let gpu_skips = match group {
+        Some(_) => {
+            let (line, count) = backend::dcp_preflight(opts.backend)?;
+            notes.push(line);
+            opts.fit_groups(&cases, count)?
+        }
+        None => Default::default(),
+    };
     let (mut backend, notice) =
         backend::select_with(opts.backend, &opts.kernels_dir, opts.cpu_fault, opts.timing.enabled)?;
+    if let (Some(n), "cpu") = (group, backend.info().backend.as_str()) {
+        return Err(InputError::Environment(format!(
+            "a DCP group of {} needs the cuda backend, which did not open ({}); fix that, or leave the DCP group out",
+            backend::gpus(n),
+            notice.as_deref().unwrap_or("no notice")
+        ))
+        .into());
+    }
     let budget = fit_budget(&cases, &opts, backend.as_ref())?;
     let mut workers = WorkerPool::new();
     let impl_lines = start_workers(&cases, &mut workers)?;
@@ -79,7 +98,11 @@ pub fn run(args: &RunArgs) -> Result<u8> {
         ));
     }
     let mut lost: Option<String> = None;
-    let pre = |case: &crate::case::Case| budget.too_big.get(&case.key()).cloned();
+    let pre = |case: &crate::case::Case| {
+        (budget.too_big.get(&case.key()))
+            .or_else(|| gpu_skips.get(&case.key()))
+            .cloned()
+    };
     let depth = if args.no_pipeline {
         runner::Depth::Sequential
     } else {
@@ -144,6 +167,10 @@ pub fn run(args: &RunArgs) -> Result<u8> {
         );
     }
     println!("{times}");
+    let steps = report::dcp_steps::table(rows);
+    if !steps.is_empty() && !args.quiet {
+        println!("{steps}");
+    }
     let peers = super::write_peers(dir.path(), rows)?;
     if !peers.is_empty() && !args.quiet {
         println!("{}", report::peers::table(&peers, std::io::stdout().is_terminal()));

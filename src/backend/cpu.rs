@@ -68,6 +68,7 @@ impl Backend for CpuBackend {
             kernel_ms: vec![ms],
             variant_ms: vec![ms],
             clock: "cpu-wall".into(),
+            regions: Vec::new(),
         });
         Ok(RunOutput {
             tensors,
@@ -76,6 +77,7 @@ impl Backend for CpuBackend {
             samples,
             notes: vec![],
             phases: vec![("emulate", t0.elapsed().as_secs_f64())],
+            step: None,
         })
     }
 }

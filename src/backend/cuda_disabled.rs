@@ -86,6 +86,10 @@ impl Backend for CudaBackend {
     }
 }
 
+pub fn dcp_preflight() -> Result<(String, usize), EnvError> {
+    Err(EnvError::Disabled)
+}
+
 /// The ceiling probes' kernel configuration (nothing compiles without `cuda`).
 pub fn probe_spec() -> KernelSpec {
     KernelSpec::new("probe.cu", &[])

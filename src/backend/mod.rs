@@ -16,7 +16,7 @@ pub mod hip;
 mod select;
 pub mod worker;
 
-pub use select::{select, select_with};
+pub use select::{dcp_preflight, gpus, select, select_with};
 
 use serde::Serialize;
 use thiserror::Error;
@@ -181,6 +181,8 @@ pub struct Samples {
     pub variant_ms: Vec<f64>,
     /// `cuda-events`, `cuda-graph` or `cpu-wall`.
     pub clock: String,
+    /// Further named regions (a DCP step's phases and ranks).
+    pub regions: Vec<(String, Vec<f64>)>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -199,6 +201,8 @@ pub struct RunOutput {
     /// Host seconds per phase of the run (load, launch, download, time,
     /// ...), for the run's account of where its wall clock went.
     pub phases: Vec<(&'static str, f64)>,
+    /// A DCP step on a group of GPUs: its shape, bandwidth and ideal.
+    pub step: Option<crate::dcp_step::DcpStep>,
 }
 
 /// Adds `secs` to phase `name` of a phase list (see [`RunOutput::phases`]).

@@ -58,3 +58,23 @@ pub fn select_with(
         },
     }
 }
+
+/// What a run whose cases put DCP ranks on GPU groups needs, checked
+/// before anything runs: a GPU backend, NCCL and the driver, each missing
+/// piece an exit-2 error that names it. Returns the line the run prints and
+/// the GPUs visible.
+pub fn dcp_preflight(choice: BackendChoice) -> Result<(String, usize), InputError> {
+    if choice == BackendChoice::Cpu {
+        return Err(InputError::Usage(
+            "--dcp-devices (or a scenario's dcp_devices) runs the DCP ranks on GPUs through NCCL, and the cpu \
+             backend has none: use --backend cuda, or leave the DCP group out"
+                .into(),
+        ));
+    }
+    cuda::dcp_preflight().map_err(|e| InputError::Environment(format!("a DCP group: {e}")))
+}
+
+/// `1 GPU`, `8 GPUs`.
+pub fn gpus(n: usize) -> String {
+    format!("{n} GPU{}", if n == 1 { "" } else { "s" })
+}

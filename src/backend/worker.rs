@@ -530,6 +530,7 @@ fn samples(reply: &Value, min: usize) -> Result<Samples, String> {
         kernel_ms: vec![],
         variant_ms: ms,
         clock,
+        regions: Vec::new(),
     })
 }
 

@@ -29,6 +29,7 @@ pub fn render(meta: &RunMeta, rows: &[Row]) -> String {
         s.push_str(&super::peers::markdown(&peers));
         s.push('\n');
     }
+    s.push_str(&super::dcp_steps::markdown(rows));
     results(&mut s, rows);
     ceilings(&mut s, meta, rows);
     s

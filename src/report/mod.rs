@@ -4,6 +4,7 @@
 
 pub mod baseline;
 pub mod csv;
+pub mod dcp_steps;
 pub mod dump;
 mod format;
 pub mod json;
@@ -325,6 +326,7 @@ pub(crate) mod testutil {
             tc_ceiling: Some("wgmma e4m3".to_string()),
             params,
             repro: format!("mlabench run scenarios/smoke.toml --case {case_id} --variant {variant}"),
+            dcp_step: None,
         }
     }
 

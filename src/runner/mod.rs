@@ -159,6 +159,7 @@ fn base_row(case: &Case, backend: &str, opts: &CaseOptions) -> Row {
         tc_ceiling: None,
         params: case.params_map(),
         repro: repro(case, opts),
+        dcp_step: None,
     }
 }
 
@@ -379,7 +380,9 @@ pub fn finish(case: &Case, ran: Ran, device: &DeviceInfo, opts: &CaseOptions) ->
         }
     }
     if let Some(s) = &out.samples {
-        for (region, v) in [("kernel", &s.kernel_ms), ("variant", &s.variant_ms)] {
+        let named = [("kernel", &s.kernel_ms), ("variant", &s.variant_ms)];
+        let extra = s.regions.iter().map(|(n, v)| (n.as_str(), v));
+        for (region, v) in named.into_iter().chain(extra) {
             if !v.is_empty() {
                 let summary = Summary::from_samples(v);
                 // One host sample is never judged, and so never capped.
@@ -397,7 +400,12 @@ pub fn finish(case: &Case, ran: Ran, device: &DeviceInfo, opts: &CaseOptions) ->
                 });
             }
         }
-        if let Some(ms) = row.median_ms("variant").filter(|&ms| ms > 0.0) {
+        row.dcp_step = out.step.clone();
+        // A DCP step's time holds its collectives and every rank: rates of
+        // rank 0's bytes over it would describe nothing. The one-GPU row
+        // of the same case has the kernel's rates.
+        let step = case.dcp_devices.is_some();
+        if let Some(ms) = row.median_ms("variant").filter(|&ms| ms > 0.0 && !step) {
             let gbps = row.bytes / (ms * 1e-3) / 1e9;
             let tflops = row.flops / (ms * 1e-3) / 1e12;
             row.gbps = Some(gbps);

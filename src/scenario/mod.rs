@@ -11,7 +11,7 @@ use crate::case::TargetProfile;
 use crate::case::{
     compose_id, stable_hash, Case, CaseParams, Dtype, LayerType, MlaParams, PoolOrder, Ps1Schedule, V4Knobs, V4Params,
 };
-use crate::dcp::Dcp;
+use crate::dcp::{Dcp, Devices, Reduce};
 use crate::error::InputError;
 use crate::metrics::Tolerances;
 use crate::variants::{Family, VariantId};
@@ -51,6 +51,10 @@ pub struct MlaBlock {
     pub seed: u64,
     pub tol_bf16: Tolerances,
     pub tol_fp8: Tolerances,
+    /// Each decode case also runs on these GPUs (a `-g<N>` twin), once
+    /// per reduce-scatter type.
+    pub dcp_devices: Option<Devices>,
+    pub dcp_reduce: Vec<Reduce>,
 }
 
 #[derive(Clone, Debug)]
@@ -313,6 +317,20 @@ fn mla_block(b: &RawMla, seed: u64) -> Result<MlaBlock, String> {
         ));
     }
     let (tol_bf16, tol_fp8) = tolerances(&b.tolerance)?;
+    let dcp_devices = b.dcp_devices.as_ref().map(devices_key).transpose()?;
+    let dcp_reduce = match &b.dcp_reduce {
+        Some(v) => str_axis(v, "dcp_reduce", |s| s.parse::<Reduce>())?,
+        None => vec![Reduce::Bf16],
+    };
+    if b.dcp_reduce.is_some() && dcp_devices.is_none() {
+        return Err("key `dcp_reduce` without `dcp_devices`: it picks the reduce-scatter of a step on several GPUs; add dcp_devices".into());
+    }
+    if let Some(d) = dcp_devices {
+        for &w in &dcp_world {
+            d.for_world(w)
+                .map_err(|e| format!("key `dcp_devices` = {d}: {e}; list only worlds it divides in `dcp_world`"))?;
+        }
+    }
     Ok(MlaBlock {
         label: b.label.clone().unwrap_or_default(),
         batch,
@@ -330,7 +348,54 @@ fn mla_block(b: &RawMla, seed: u64) -> Result<MlaBlock, String> {
         seed: b.seed.unwrap_or(seed),
         tol_bf16,
         tol_fp8,
+        dcp_devices,
+        dcp_reduce,
     })
+}
+
+/// `dcp_devices = 8` or `dcp_devices = "world"`.
+fn devices_key(v: &toml::Value) -> Result<Devices, String> {
+    let s = match v {
+        toml::Value::Integer(n) => n.to_string(),
+        toml::Value::String(s) => s.clone(),
+        other => format!("{other}"),
+    };
+    s.parse::<Devices>().map_err(|e| format!("key `dcp_devices`: {e}"))
+}
+
+/// Whether a case's ranks can run as a multi-GPU DCP step: the built-in
+/// MLA decode kernels' (an external implementation runs in its worker).
+pub fn runs_on_devices(c: &Case) -> bool {
+    c.mla().is_some()
+        && c.variant.info().kind == crate::variants::external::Contract::MlaDecode
+        && c.variant.unit().external().is_none()
+}
+
+/// Puts after each case that can run on `d`'s GPUs its `-g<N>` twin
+/// (`world`: each sharded case on W GPUs). Returns why the other decode
+/// cases got none.
+pub fn add_device_twins(cases: &mut Vec<Case>, d: Devices, reduces: &[Reduce]) -> Vec<String> {
+    let mut out = Vec::with_capacity(cases.len() * 2);
+    let mut refused = Vec::new();
+    for c in cases.drain(..) {
+        let n = match c.mla() {
+            // One GPU per rank of an unsharded case is no group at all.
+            Some(p) if d == Devices::PerRank && !p.dcp.sharded() => None,
+            Some(p) if runs_on_devices(&c) && c.dcp_devices.is_none() => match d.for_world(p.dcp.world) {
+                Ok(n) => Some(n),
+                Err(e) => {
+                    refused.push(format!("{}: {e}", c.key()));
+                    None
+                }
+            },
+            _ => None,
+        };
+        let twins: Vec<Case> = n.map_or(vec![], |n| reduces.iter().map(|&r| c.on_devices(n, r)).collect());
+        out.push(c);
+        out.extend(twins);
+    }
+    *cases = out;
+    refused
 }
 
 fn v4_block(b: &RawV4, seed: u64) -> Result<V4Block, String> {
@@ -525,8 +590,20 @@ pub fn expand(sc: &Scenario) -> Expansion {
                                                 v4: V4Knobs::default(),
                                                 ps1_schedule: Ps1Schedule::default(),
                                                 v4_core: Default::default(),
+                                                dcp_devices: None,
+                                                dcp_reduce: Default::default(),
                                                 scenario: sc.path.clone(),
                                             });
+                                            let last = cases.last().expect("just pushed");
+                                            let group = b.dcp_devices.filter(|&d| d != Devices::PerRank || w > 1);
+                                            if let (Some(d), true) = (group, runs_on_devices(last)) {
+                                                // Validated against every W of the block.
+                                                if let Ok(n) = d.for_world(w) {
+                                                    let twins: Vec<Case> =
+                                                        b.dcp_reduce.iter().map(|&r| last.on_devices(n, r)).collect();
+                                                    cases.extend(twins);
+                                                }
+                                            }
                                         }
                                     }
                                 }
@@ -610,6 +687,8 @@ pub fn expand(sc: &Scenario) -> Expansion {
                                             v4: knobs,
                                             ps1_schedule: Ps1Schedule::default(),
                                             v4_core: Default::default(),
+                                            dcp_devices: None,
+                                            dcp_reduce: Default::default(),
                                             scenario: sc.path.clone(),
                                         });
                                     }
@@ -729,5 +808,32 @@ mod tests {
             assert!(b.id.contains("-contig-p"), "{}", b.id);
             assert_eq!(b.id, compose_id(&b.data_id, &format!("-p{}", pb.page_size)));
         }
+    }
+
+    #[test]
+    fn device_twins_follow_their_case_on_the_same_data_with_a_g_knob() {
+        let block = "[[mla]]\nbatch = 2\ncontext = 64\nheads_local = 8\ndcp_world = [2, 8]\ns_q = 1\nvariants = [\"ps1\", \"page64\", \"dcp_combine\"]\n";
+        let plain = cases(block);
+        let mut twinned = plain.clone();
+        let refused = add_device_twins(&mut twinned, Devices::Count(8), &[Reduce::Bf16]);
+        // ps1 and page64 at W=8 get twins; at W=2 8 GPUs cannot split them;
+        // dcp_combine is a merge, not a decode kernel.
+        assert_eq!(twinned.len(), plain.len() + 2);
+        assert_eq!(refused.len(), 2, "{refused:?}");
+        assert!(refused.iter().all(|r| r.contains("W=2 is not a multiple of 8 GPUs")));
+        for (i, c) in twinned.iter().enumerate() {
+            let Some(n) = c.dcp_devices else { continue };
+            let before = &twinned[i - 1];
+            assert_eq!((n, before.dcp_devices), (8, None));
+            assert_eq!(c.data_id, before.data_id);
+            assert_eq!(c.variant, before.variant);
+            assert_eq!(c.id, compose_id(&before.id, "-g8"));
+            assert!(c.id.contains("-p") && c.id.contains("-g8@"), "{}", c.id);
+            assert_eq!(c.params_map()["dcp_devices"], "8");
+        }
+        // The scenario key does the same, one GPU per rank.
+        let keyed = cases(&format!("{block}dcp_devices = \"world\"\n"));
+        let ns: Vec<usize> = keyed.iter().filter_map(|c| c.dcp_devices).collect();
+        assert_eq!(ns, vec![2, 2, 8, 8]);
     }
 }

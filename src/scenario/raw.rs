@@ -41,6 +41,11 @@ pub struct RawMla {
     pub sm_scale: Option<f64>,
     pub seed: Option<u64>,
     pub tolerance: Option<RawTolerances>,
+    /// Also run each DCP case's ranks on GPUs through NCCL: 1, 2, 4, 8 or
+    /// "world" (one GPU per rank).
+    pub dcp_devices: Option<toml::Value>,
+    /// The step's reduce-scatter type(s): "bf16" (vLLM's), "f32", or both.
+    pub dcp_reduce: Option<toml::Value>,
 }
 
 #[derive(Debug, Deserialize)]

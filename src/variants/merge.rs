@@ -5,7 +5,16 @@
 use super::KernelSpec;
 
 pub fn spec() -> KernelSpec {
-    KernelSpec::new("merge.cu", &["dcp_combine", "split_merge"])
+    KernelSpec::new(
+        "merge.cu",
+        &[
+            "dcp_combine",
+            "split_merge",
+            "dcp_gather_q",
+            "dcp_correct",
+            "dcp_to_bf16",
+        ],
+    )
 }
 
 /// What a kernel may leave in a part that saw no token, so a merge must not

@@ -218,6 +218,21 @@ pub struct Program<'a> {
     /// The pass that is timed (an MLA variant times rank 0, the rank with the
     /// most tokens under round-robin sharding).
     pub timed: bool,
+    /// A DCP rank's gathered Q and its `o` / `lse`: what a multi-GPU DCP
+    /// step fills from its all-gather and combines through NCCL.
+    pub rank_io: Option<RankIo>,
+}
+
+/// The buffers of a DCP rank's program that the multi-GPU step touches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RankIo {
+    pub rank: usize,
+    /// `[rows, kernel heads, 576]` in the Q element type.
+    pub q: BufId,
+    /// `[rows, kernel heads, 512]` bf16.
+    pub o: BufId,
+    /// `[rows, kernel heads]` f32.
+    pub lse: BufId,
 }
 
 impl<'a> Program<'a> {
@@ -278,6 +293,11 @@ impl<'a> Program<'a> {
         }
         for b in self.at_rest.iter().copied() {
             ok(b, "a counter")?;
+        }
+        if let Some(io) = &self.rank_io {
+            for b in [io.q, io.o, io.lse] {
+                ok(b, "the rank's DCP buffers")?;
+            }
         }
         for b in &self.buffers {
             if let Init::Upload(d) = &b.init {

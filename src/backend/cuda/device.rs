@@ -36,6 +36,8 @@ pub enum RawArg {
     /// A device address ([`CudaDevice::addr`]); 0 passes a null pointer.
     Ptr(sys::CUdeviceptr),
     I32(i32),
+    /// A `long long` parameter.
+    I64(i64),
     F32(f32),
 }
 
@@ -418,6 +420,7 @@ impl CudaDevice {
             .map(|a| match *a {
                 RawArg::Ptr(p) => p,
                 RawArg::I32(v) => v as u32 as u64,
+                RawArg::I64(v) => v as u64,
                 RawArg::F32(v) => v.to_bits() as u64,
             })
             .collect();

@@ -27,8 +27,8 @@ pub fn merge_smem_cap(blocks: usize, sms: usize, smem_per_sm: usize, reserved: u
 }
 
 /// A program on the device: its buffers, and each call's kernel and launch form.
-struct Loaded {
-    bufs: Vec<DeviceBuffer<u8>>,
+pub(super) struct Loaded {
+    pub(super) bufs: Vec<DeviceBuffer<u8>>,
     /// Per call: its kernel's module, and whether it launches as a
     /// programmatic dependent.
     calls: Vec<(Arc<LoadedModule>, bool)>,
@@ -85,6 +85,7 @@ impl CudaBackend {
                         kernel_ms: s.ms.clone(),
                         variant_ms: s.ms,
                         clock: s.clock.to_string(),
+                        regions: Vec::new(),
                     }
                 });
                 if !prog.at_rest.is_empty() {
@@ -117,7 +118,7 @@ impl CudaBackend {
 
     /// Compiles (or takes from the cache) each call's kernel, allocates every
     /// buffer and uploads the inputs.
-    fn load(&mut self, prog: &Program, handoff: Handoff) -> R<Loaded> {
+    pub(super) fn load(&mut self, prog: &Program, handoff: Handoff) -> R<Loaded> {
         let mut calls = Vec::with_capacity(prog.calls.len());
         for c in &prog.calls {
             let m = self.module(&c.kernel)?;
@@ -152,7 +153,7 @@ impl CudaBackend {
     }
 
     /// Fills every poisoned buffer with its pattern.
-    fn poison(&self, prog: &Program, l: &Loaded) -> R<()> {
+    pub(super) fn poison(&self, prog: &Program, l: &Loaded) -> R<()> {
         for (b, d) in prog.buffers.iter().zip(&l.bufs) {
             match b.init {
                 Init::Poison(Fill::Bf16) => self.dev.fill_u16_scratch(d, POISON_BF16)?,
@@ -164,7 +165,7 @@ impl CudaBackend {
     }
 
     /// Queues the program's calls (`second`: the second kernels too).
-    fn launch(&self, prog: &Program, l: &Loaded, second: bool) -> R<()> {
+    pub(super) fn launch(&self, prog: &Program, l: &Loaded, second: bool) -> R<()> {
         for (c, (m, pdl)) in prog.calls.iter().zip(&l.calls) {
             if c.second && !second {
                 continue;
@@ -228,7 +229,7 @@ impl CudaBackend {
     }
 
     /// Downloads the program's outputs, real heads only, names suffixed.
-    fn outputs(&self, prog: &Program, l: &Loaded, suffix: &str) -> R<Vec<OutTensor>> {
+    pub(super) fn outputs(&self, prog: &Program, l: &Loaded, suffix: &str) -> R<Vec<OutTensor>> {
         prog.outputs.iter().map(|o| self.output(prog, l, o, suffix)).collect()
     }
 

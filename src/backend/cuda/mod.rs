@@ -5,10 +5,12 @@
 mod cache;
 pub mod ceilings;
 pub mod compile;
+pub mod dcp_group;
 pub mod device;
 pub mod error;
 mod exec;
 mod libs;
+pub mod nccl;
 pub mod probe;
 pub mod ptxas;
 pub mod report;
@@ -65,6 +67,9 @@ pub struct CudaBackend {
     info: DeviceInfo,
     modules: HashMap<KernelSpec, Arc<LoadedModule>>,
     pub(super) notes: Vec<String>,
+    /// The GPUs a DCP case's ranks run on (`--dcp-devices`), opened by the
+    /// first such case.
+    group: Option<dcp_group::Group>,
 }
 
 impl CudaBackend {
@@ -107,6 +112,7 @@ impl CudaBackend {
             info,
             modules: HashMap::new(),
             notes: Vec::new(),
+            group: None,
         })
     }
 
@@ -128,6 +134,31 @@ impl CudaBackend {
         let m = Arc::new(self.dev.load_module(&c.cubin, spec)?);
         self.modules.insert(spec.clone(), m.clone());
         Ok(m)
+    }
+
+    /// A module [`CudaBackend::module`] loaded before, for code that holds
+    /// the backend shared.
+    pub fn module_loaded(&self, spec: &KernelSpec) -> Result<Arc<LoadedModule>, BackendError> {
+        self.modules
+            .get(spec)
+            .cloned()
+            .ok_or_else(|| BackendError::Failed(format!("{} was not loaded before its launch", spec.label())))
+    }
+
+    /// Runs a DCP case as a step on its group of GPUs, opening the group
+    /// first (again, when the case asks for another size).
+    fn run_group(&mut self, n: usize, unit: &dyn Variant, job: &Job, exec: &Exec) -> Result<RunOutput, BackendError> {
+        if self.group.as_ref().map(dcp_group::Group::size) != Some(n) {
+            self.group = None;
+            self.group = Some(dcp_group::Group::open(n, self)?);
+        }
+        let group = self.group.as_mut().expect("opened above");
+        let r = group.run(unit, job, exec);
+        if r.is_err() {
+            // Its collectives may be half issued: the next case opens a new one.
+            self.group = None;
+        }
+        r
     }
 
     /// Compile notes gathered since the last call (for `RunOutput::notes`).
@@ -168,6 +199,7 @@ impl CudaBackend {
             kernel_ms: kernel.ms,
             variant_ms: variant.ms,
             clock: variant.clock.to_string(),
+            regions: Vec::new(),
         })
     }
 
@@ -242,6 +274,9 @@ impl Backend for CudaBackend {
     }
 
     fn run(&mut self, unit: &dyn Variant, job: &Job, exec: &Exec) -> Result<RunOutput, BackendError> {
+        if let Some(n) = job.case.dcp_devices {
+            return self.run_group(n, unit, job, exec);
+        }
         let t = std::time::Instant::now();
         let programs = unit.programs(job).map_err(BackendError::Failed)?;
         let built = t.elapsed().as_secs_f64();
@@ -253,6 +288,22 @@ impl Backend for CudaBackend {
     fn free_memory(&self) -> Option<u64> {
         self.dev.mem_info().ok().map(|(free, _)| free as u64)
     }
+}
+
+/// What a DCP group needs before any case runs: NCCL, then the driver.
+/// Returns the line a run prints of it and the GPUs visible.
+pub fn dcp_preflight() -> Result<(String, usize), EnvError> {
+    let lib = nccl::load()?;
+    libs::ensure_libcuda()?;
+    cudarc::driver::result::init().map_err(|e| EnvError::Driver(format!("cuInit: {}", device::describe(e))))?;
+    let count = cudarc::driver::CudaContext::device_count()
+        .map_err(|e| EnvError::Driver(format!("cuDeviceGetCount: {}", device::describe(e))))?
+        .max(0) as usize;
+    let line = format!(
+        "DCP groups: NCCL {} from {} (NCCL_NVLS_ENABLE=0), {count} GPUs visible",
+        lib.version, lib.source
+    );
+    Ok((line, count))
 }
 
 /// The ceiling probes' kernel configuration (compiled by `kernels --check` too).

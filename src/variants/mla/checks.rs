@@ -1,7 +1,7 @@
 //! The checks of an MLA decode kernel (ps1, page64): every rank's `o` and
 //! `lse` against the reference of that rank's shard under the global mask,
 //! and, under DCP, the ranks' outputs merged in f64 against the unsharded
-//! attention.
+//! attention, as is the merge a DCP step on several GPUs did on them.
 
 use crate::case::MLA_D_V;
 use crate::reference::{self, RefSet};
@@ -39,6 +39,12 @@ pub fn decode(job: &Job, refs: &RefSet, out: &[OutTensor], quant: bool) -> Resul
             c.tensor = format!("{}.merged", c.tensor);
             cs.push(c);
         }
+    }
+    // A DCP step on a group of GPUs also merges on the devices (NCCL's
+    // reduce-scatter in bf16): that output must match the unsharded attention too.
+    if let (Ok(o), Ok(l)) = (find(out, "o.dcp"), find(out, "lse.dcp")) {
+        let (o, l) = (o.pick(rows, false), l.pick(rows, false));
+        cs.extend(pair("dcp", &o, &refs.full.o, &l, &refs.full.lse, d, tol));
     }
     if let (Some(unq), true) = (&refs.unquantized, quant) {
         let h = w.heads();

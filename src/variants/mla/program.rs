@@ -5,7 +5,7 @@
 
 use crate::case::{MlaParams, MLA_D_QK, MLA_D_V};
 use crate::variants::heads::PaddedHeads;
-use crate::variants::program::{Arg, BufId, Elem, Fill, Output, Program};
+use crate::variants::program::{Arg, BufId, Elem, Fill, Output, Program, RankIo};
 use crate::workload::MlaWorkload;
 
 /// `(W, r, S)`: where rank `r`'s tokens sit in the global sequence, which a
@@ -54,6 +54,12 @@ impl Rank {
             o: p.poisoned("o", n * hk * MLA_D_V * 2, Fill::Bf16),
             lse: p.poisoned("lse", n * hk * 4, Fill::F32),
         };
+        p.rank_io = Some(RankIo {
+            rank: r,
+            q: rank.q,
+            o: rank.o,
+            lse: rank.lse,
+        });
         p.outputs.push(Output {
             name: format!("o.r{r}"),
             buf: rank.o,
