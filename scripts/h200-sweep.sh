@@ -4,7 +4,7 @@
 # Usage, on the device machine:
 #   scripts/h200-sweep.sh OUTDIR BIN DEADLINE_S [all|mla|sweep|v4]
 # The whole sweep takes longer than one device command may run (10 min), so
-# `mla` (smoke, kimi, bandwidth; ~150 s), `sweep` (mla-sweep; ~350 s) and
+# `mla` (smoke, kimi, kimi on a one-GPU NCCL group, bandwidth; ~150 s + the group's), `sweep` (mla-sweep; ~350 s) and
 # `v4` (dsv4-pro, splits, v4-sweep; ~200 s) split it into calls.
 # Env: RUN_ARGS, flags added to every `run` (split on spaces, e.g. "--graph").
 # RUNS_DIR, where the run directories go (default OUTDIR/runs). A device
@@ -39,6 +39,9 @@ step() {
 "$BIN" device >"$R/device.txt" 2>&1 || { cat "$R/device.txt"; exit 2; }
 step mla smoke run scenarios/smoke.toml --min-time-ms 20
 step mla kimi-k3-dcp8 run scenarios/kimi-k3-dcp8.toml --min-time-ms 20
+# The DCP step through NCCL on one GPU (world size 1), bf16 and f32 reduce,
+# beside the emulation (docs/dcp-groups.md); needs libnccl (PyTorch's wheel has it).
+step mla kimi-k3-dcp8-g1 run scenarios/kimi-k3-dcp8.toml --min-time-ms 20 --dcp-devices 1 --dcp-reduce bf16,f32
 step mla mla-bandwidth run scenarios/mla-bandwidth.toml --check-rows 16
 step v4 dsv4-pro run scenarios/dsv4-pro.toml --check-rows 32 --min-time-ms 20
 step v4 dsv4-splits splits scenarios/dsv4-pro.toml --check-rows 8 --min-samples 10 --min-time-ms 20

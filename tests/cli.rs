@@ -1162,3 +1162,25 @@ fn plan_shows_which_gpu_holds_which_rank_of_a_dcp_group() {
         "{s}"
     );
 }
+
+#[test]
+fn dcp_devices_finds_the_nccl_wheel_and_goes_on_to_the_driver() {
+    let has_gpu = std::process::Command::new("nvidia-smi")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if has_gpu {
+        eprintln!("skipped: this machine has a GPU, so the run would go on");
+        return;
+    }
+    let (code, err) = smoke_run(&["--dcp-devices", "1", "--backend", "cuda"], &[]);
+    assert_eq!(code, Some(2), "{err}");
+    if err.contains("libnccl (NCCL) could not be loaded") {
+        // CI installs nvidia-nccl-cu13 and says it must be found.
+        assert!(std::env::var_os("MLABENCH_REQUIRE_NCCL").is_none(), "{err}");
+        eprintln!("skipped: no NCCL on this machine ({err})");
+        return;
+    }
+    // NCCL loaded, every symbol resolved: the next missing piece is the driver.
+    assert!(err.contains("a DCP group: libcuda.so"), "{err}");
+}

@@ -445,7 +445,7 @@ mod tests {
     }
 
     #[test]
-    fn group_cases_past_the_visible_gpus_skip_and_an_explicit_count_past_them_is_refused() {
+    fn dcp_group_cases_past_the_visible_gpus_skip_and_an_explicit_count_past_them_is_refused() {
         let world = options(&["--dcp-devices", "world"]);
         let cases = smoke_twins(&world);
         let sizes: std::collections::BTreeSet<usize> = cases.iter().filter_map(|c| c.dcp_devices).collect();

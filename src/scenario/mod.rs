@@ -811,7 +811,7 @@ mod tests {
     }
 
     #[test]
-    fn device_twins_follow_their_case_on_the_same_data_with_a_g_knob() {
+    fn dcp_device_twins_follow_their_case_on_the_same_data_with_a_g_knob() {
         let block = "[[mla]]\nbatch = 2\ncontext = 64\nheads_local = 8\ndcp_world = [2, 8]\ns_q = 1\nvariants = [\"ps1\", \"page64\", \"dcp_combine\"]\n";
         let plain = cases(block);
         let mut twinned = plain.clone();

@@ -333,20 +333,16 @@ fn heads_of(p: &Program, buf: crate::variants::program::BufId) -> R<PaddedHeads>
         .ok_or_else(|| BackendError::Failed("the rank's o is not among its outputs".into()))
 }
 
+/// A member thread's result; its panic, as an error.
 fn join<T>(h: std::thread::ScopedJoinHandle<'_, R<T>>) -> R<T> {
     h.join().unwrap_or_else(|p| {
-        Err(BackendError::Failed(format!(
-            "a DCP group thread panicked: {}",
-            panic_text(&p)
-        )))
+        let text = p
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic".into());
+        Err(BackendError::Failed(format!("a DCP group thread panicked: {text}")))
     })
-}
-
-fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
-    p.downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| p.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "unknown panic".into())
 }
 
 /// Every member's result, or one error that names each GPU's own failure
