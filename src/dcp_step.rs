@@ -6,6 +6,9 @@
 use serde::{Deserialize, Serialize};
 
 use crate::case::{MLA_D_QK, MLA_D_V};
+use crate::dcp::Reduce;
+use crate::variants::output::{find, OutTensor};
+use crate::workload::codec::round_bf16;
 
 /// The shape of one step: `world` ranks on `gpus` GPUs, consecutive ranks
 /// together (GPU `g` holds ranks `g*k .. (g+1)*k`, `k = world / gpus`).
@@ -88,6 +91,98 @@ impl StepShape {
             reduce_scatter: o * share,
         }
     }
+}
+
+/// NaN and `+inf` LSEs mean "this rank saw nothing" (SPEC §1).
+fn lse_clean(x: f32) -> f32 {
+    if x.is_nan() || x == f32::INFINITY {
+        f32::NEG_INFINITY
+    } else {
+        x
+    }
+}
+
+/// The step's merge as the GPUs compute it, on the host, in their order and
+/// precision: `G` over every rank's LSE in f32 (`merge_lse`), each GPU's
+/// ranks weighted by `exp(lse_r - G)` and summed in f32 (`dcp_correct`),
+/// then summed over the GPUs around NCCL's ring, starting after the GPU
+/// that owns the head and ending at it: in bf16 rounded at every hop, or
+/// in f32 rounded once (`dcp_to_bf16`). `ranks[r]` is rank r's `o`
+/// (`[rows, H, 512]`) and `lse` (`[rows, H]`), real heads. Returns the
+/// merged `o` and `lse`.
+pub fn device_merge(shape: &StepShape, ranks: &[(&[f32], &[f32])], reduce: Reduce) -> (Vec<f32>, Vec<f32>) {
+    let (n, k, h, d) = (shape.gpus, shape.ranks_per_gpu(), shape.heads, MLA_D_V);
+    let hc = shape.heads_per_gpu();
+    let pairs = shape.rows * h;
+    let mut o = vec![0f32; pairs * d];
+    let mut lse = vec![f32::NEG_INFINITY; pairs];
+    let mut parts = vec![0f32; n * d];
+    for p in 0..pairs {
+        let x: Vec<f32> = ranks.iter().map(|(_, l)| lse_clean(l[p])).collect();
+        let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let g = if m == f32::NEG_INFINITY {
+            m
+        } else {
+            x.iter()
+                .filter(|&&v| v != f32::NEG_INFINITY)
+                .map(|&v| (v - m).exp())
+                .sum::<f32>()
+                .ln()
+                + m
+        };
+        lse[p] = g;
+        parts.fill(0.0);
+        for (r, (ro, _)) in ranks.iter().enumerate() {
+            let w = if x[r] == f32::NEG_INFINITY || g == f32::NEG_INFINITY {
+                0.0
+            } else {
+                (x[r] - g).exp()
+            };
+            if w == 0.0 {
+                continue;
+            }
+            let gpu = r / k;
+            for (a, v) in parts[gpu * d..(gpu + 1) * d].iter_mut().zip(&ro[p * d..(p + 1) * d]) {
+                *a += w * v;
+            }
+        }
+        let owner = (p % h) / hc;
+        let out = &mut o[p * d..(p + 1) * d];
+        for (e, y) in out.iter_mut().enumerate() {
+            let hop = |i: usize| parts[((owner + 1 + i) % n) * d + e];
+            *y = match reduce {
+                Reduce::Bf16 => (1..n).fold(round_bf16(hop(0)), |acc, i| round_bf16(acc + round_bf16(hop(i)))),
+                Reduce::F32 => round_bf16((1..n).fold(hop(0), |acc, i| acc + hop(i))),
+            };
+        }
+    }
+    (o, lse)
+}
+
+/// Appends `o.dcp` and `lse.dcp`, the [`device_merge`] of the ranks'
+/// `o.rN` / `lse.rN` in `out`: the CPU backend's model of a step's merge.
+pub fn append_device_merge(shape: &StepShape, reduce: Reduce, out: &mut Vec<OutTensor>) -> Result<(), String> {
+    let (o, lse) = {
+        let mut ranks = Vec::with_capacity(shape.world);
+        for r in 0..shape.world {
+            ranks.push((
+                find(out, &format!("o.r{r}"))?.data.as_slice(),
+                find(out, &format!("lse.r{r}"))?.data.as_slice(),
+            ));
+        }
+        device_merge(shape, &ranks, reduce)
+    };
+    out.push(OutTensor {
+        name: "o.dcp".into(),
+        row_len: shape.heads * MLA_D_V,
+        data: o,
+    });
+    out.push(OutTensor {
+        name: "lse.dcp".into(),
+        row_len: shape.heads,
+        data: lse,
+    });
+    Ok(())
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -361,19 +456,25 @@ mod tests {
         assert!((d.slowest_share - 2.75 / med("variant").unwrap()).abs() < 1e-12);
     }
 
-    /// The step's merge as the devices do it, against the f64 combine of
-    /// the ranks' exact outputs (which the unsharded reference equals):
-    /// each rank's bf16 `o` scaled by `exp(lse_r - G)` in f32 by
-    /// `dcp_correct`, then summed around NCCL's ring, either in bf16 and
-    /// rounded at every hop (vLLM's), or in f32 and rounded once. Returns
-    /// the `o` metrics of the bf16 ring, the f32 ring, and the ranks' bf16
-    /// outputs merged in f64 (the emulation's `o.merged`).
+    /// [`device_merge`] of `world` ranks on as many GPUs, in bf16 and in
+    /// f32, against the f64 combine of the ranks' exact outputs (which the
+    /// unsharded reference equals), beside the ranks' bf16 outputs merged
+    /// in f64 (the emulation's `o.merged`).
     fn ring_merge(world: usize, seed: u64) -> [crate::metrics::ErrorMetrics; 3] {
-        use crate::workload::codec::round_bf16;
         use rand::{Rng, SeedableRng};
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-        let (pairs, d) = (64, MLA_D_V);
-        // Attention outputs: averages of N(0, 1) values rows, ~0.05 in size.
+        let shape = StepShape {
+            gpus: world,
+            world,
+            rows: 64 / world,
+            heads: world,
+            kernel_heads: world.max(16),
+            q_elem: 2,
+            reduce_elem: 2,
+        };
+        let (pairs, d) = (shape.rows * shape.heads, MLA_D_V);
+        // Independent zero-mean outputs ~0.05 in size, as averages of the
+        // synthetic N(0, 1) value rows are.
         let o: Vec<Vec<f64>> = (0..world)
             .map(|_| (0..pairs * d).map(|_| rng.gen_range(-0.1..0.1)).collect())
             .collect();
@@ -392,35 +493,51 @@ mod tests {
             .map(|(a, b)| (a.as_slice(), b.as_slice()))
             .collect();
         let (f64_merged, _) = crate::reference::combine::combine(&parts16, d);
-        let mut ring = vec![0f32; pairs * d];
-        let mut ring32 = vec![0f32; pairs * d];
-        for i in 0..pairs {
-            let g = lse.iter().map(|l| l[i]).fold(f64::NEG_INFINITY, f64::max);
-            let sum: f64 = lse.iter().map(|l| (l[i] - g).exp()).sum();
-            let big_g = (sum.ln() + g) as f32;
-            for e in 0..d {
-                let (mut acc, mut acc32) = (0f32, 0f32);
-                for r in 0..world {
-                    let w = (lse[r][i] as f32 - big_g).exp();
-                    let x = w * o16[r][i * d + e] as f32;
-                    acc = if r == 0 {
-                        round_bf16(x)
-                    } else {
-                        round_bf16(acc + round_bf16(x))
-                    };
-                    acc32 += x;
-                }
-                ring[i * d + e] = acc;
-                ring32[i * d + e] = round_bf16(acc32);
-            }
-        }
-        let tol = crate::metrics::Tolerances::BF16;
         let as32 = |v: &[f64]| v.iter().map(|&x| x as f32).collect::<Vec<f32>>();
+        let (o32, l32): (Vec<Vec<f32>>, Vec<Vec<f32>>) = o16.iter().zip(&lse).map(|(a, b)| (as32(a), as32(b))).unzip();
+        let ranks: Vec<(&[f32], &[f32])> = o32
+            .iter()
+            .zip(&l32)
+            .map(|(a, b)| (a.as_slice(), b.as_slice()))
+            .collect();
+        let tol = crate::metrics::Tolerances::BF16;
+        let run = |r: Reduce| crate::metrics::compare(&device_merge(&shape, &ranks, r).0, &want, &tol, None);
         [
-            crate::metrics::compare(&ring, &want, &tol, None),
-            crate::metrics::compare(&ring32, &want, &tol, None),
+            run(Reduce::Bf16),
+            run(Reduce::F32),
             crate::metrics::compare(&as32(&f64_merged), &want, &tol, None),
         ]
+    }
+
+    #[test]
+    fn device_merge_follows_the_combine_rules_on_empty_and_poisoned_ranks() {
+        // Rank 1 empty with a NaN o and each empty spelling of its LSE; the
+        // merge is rank 0's o exactly, and an all-empty pair gives 0, -inf.
+        let shape = StepShape {
+            gpus: 2,
+            world: 2,
+            rows: 1,
+            heads: 2,
+            kernel_heads: 16,
+            q_elem: 2,
+            reduce_elem: 2,
+        };
+        let d = MLA_D_V;
+        let o0: Vec<f32> = (0..2 * d).map(|i| round_bf16(i as f32 * 1e-3)).collect();
+        for empty in [f32::NEG_INFINITY, f32::INFINITY, f32::NAN] {
+            let o1 = vec![f32::NAN; 2 * d];
+            let (l0, l1) = ([1.5, f32::NEG_INFINITY], [empty, empty]);
+            let ranks: Vec<(&[f32], &[f32])> = vec![(&o0, &l0), (&o1, &l1)];
+            for r in [Reduce::Bf16, Reduce::F32] {
+                let (o, l) = device_merge(&shape, &ranks, r);
+                assert_eq!(&o[..d], &o0[..d], "{empty} {r}");
+                assert_eq!(l[0], 1.5);
+                assert!(
+                    o[d..].iter().all(|&x| x == 0.0) && l[1] == f32::NEG_INFINITY,
+                    "{empty} {r}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -1116,9 +1116,6 @@ fn dcp_devices_arguments_that_cannot_work_exit_2_naming_the_fix() {
     let (code, err) = smoke_run(&["--dcp-devices", "3"], &[]);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("--dcp-devices `3`: give 1, 2, 4 or 8 GPUs"), "{err}");
-    let (code, err) = smoke_run(&["--dcp-devices", "2", "--backend", "cpu"], &[]);
-    assert_eq!(code, Some(2), "{err}");
-    assert!(err.contains("the cpu backend has none: use --backend cuda"), "{err}");
     // The W=2 cases only: 4 GPUs divide none of them.
     let (code, err) = smoke_run(&["--dcp-devices", "4", "--case", "x2-"], &[]);
     assert_eq!(code, Some(2), "{err}");
@@ -1183,4 +1180,44 @@ fn dcp_devices_finds_the_nccl_wheel_and_goes_on_to_the_driver() {
     }
     // NCCL loaded, every symbol resolved: the next missing piece is the driver.
     assert!(err.contains("a DCP group: libcuda.so"), "{err}");
+}
+
+#[test]
+fn dcp_devices_on_the_cpu_checks_the_steps_modelled_merge_for_each_reduce_type() {
+    let out = tempfile::tempdir().unwrap();
+    bin()
+        .args(["run", "scenarios/smoke.toml", "--backend", "cpu", "-q", "--no-timing"])
+        .args([
+            "--dcp-devices",
+            "2",
+            "--dcp-reduce",
+            "bf16,f32",
+            "--case",
+            "x2-s1-q1-bf16",
+            "--out",
+        ])
+        .arg(out.path())
+        .assert()
+        .code(0);
+    let rows = json_rows(out.path());
+    let cos = |id_part: &str| -> f64 {
+        let r = rows
+            .iter()
+            .find(|r| r["variant"] == "ps1" && r["case_id"].as_str().unwrap().contains(id_part))
+            .unwrap_or_else(|| panic!("a ps1 row {id_part}"));
+        assert_eq!(r["status"], "pass", "{r}");
+        let c = r["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["tensor"] == "o.dcp")
+            .expect("o.dcp checked");
+        c["metrics"]["cos_diff"].as_f64().unwrap()
+    };
+    let (bf16, f32) = (cos("-p1-g2@"), cos("-p1-g2-rs32@"));
+    // One bf16 hop more than the f32 path's one rounding, both within 1e-5.
+    assert!(f32 < bf16 && bf16 < 1e-5, "bf16 {bf16} f32 {f32}");
+    // ps1, page64 and dcp_combine emulated; ps1 and page64 twice on 2 GPUs.
+    let twins = rows.iter().filter(|r| !r["params"]["dcp_devices"].is_null()).count();
+    assert_eq!((rows.len(), twins), (7, 4));
 }

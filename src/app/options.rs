@@ -57,6 +57,14 @@ impl RunOptions {
                     .map_err(|e| InputError::Usage(format!("--dcp-devices {e}")))
             })
             .transpose()?;
+        o.dcp_reduce = a
+            .dcp_reduce
+            .split(',')
+            .map(|r| {
+                r.parse::<Reduce>()
+                    .map_err(|e| InputError::Usage(format!("--dcp-reduce {e}")))
+            })
+            .collect::<Result<_, _>>()?;
         o.force = super::parse_variants(&a.force, "--force")?;
         o.dump = a.dump.clone();
         o.junit = a.junit.clone();
@@ -476,5 +484,19 @@ mod tests {
         );
         assert!(eight.fit_groups(&cases, 8).unwrap().is_empty());
         assert!(eight.repro_flags("cuda").ends_with(" --dcp-devices 8"));
+        let both = options(&["--dcp-devices", "8", "--dcp-reduce", "bf16,f32"]);
+        let ids: Vec<String> = smoke_twins(&both)
+            .into_iter()
+            .filter(|c| c.dcp_devices.is_some())
+            .map(|c| c.id)
+            .collect();
+        assert_eq!(
+            ids.iter().filter(|i| i.contains("-g8-rs32@")).count() * 2,
+            ids.len(),
+            "{ids:?}"
+        );
+        assert!(both
+            .repro_flags("cuda")
+            .ends_with(" --dcp-devices 8 --dcp-reduce bf16,f32"));
     }
 }

@@ -43,8 +43,15 @@ pub fn run(args: &RunArgs) -> Result<u8> {
     notes.extend(opts.add_device_twins(&mut cases)?);
     let group = cases.iter().filter_map(|c| c.dcp_devices).max();
     let gpu_skips = match group {
+        Some(_) if opts.backend == crate::cli::BackendChoice::Cpu => {
+            notes.push(
+                "DCP groups on the cpu backend: the emulated ranks and a host model of the step's merge (no NCCL, no step timing)"
+                    .into(),
+            );
+            Default::default()
+        }
         Some(_) => {
-            let (line, count) = backend::dcp_preflight(opts.backend)?;
+            let (line, count) = backend::dcp_preflight()?;
             notes.push(line);
             opts.fit_groups(&cases, count)?
         }
@@ -52,9 +59,10 @@ pub fn run(args: &RunArgs) -> Result<u8> {
     };
     let (mut backend, notice) =
         backend::select_with(opts.backend, &opts.kernels_dir, opts.cpu_fault, opts.timing.enabled)?;
-    if let (Some(n), "cpu") = (group, backend.info().backend.as_str()) {
+    let on_cpu = opts.backend == crate::cli::BackendChoice::Cpu;
+    if let (Some(n), "cpu", false) = (group, backend.info().backend.as_str(), on_cpu) {
         return Err(InputError::Environment(format!(
-            "a DCP group of {} needs the cuda backend, which did not open ({}); fix that, or leave the DCP group out",
+            "a DCP group of {} needs the cuda backend, which did not open ({}); fix that, or model the step on the host with --backend cpu",
             backend::gpus(n),
             notice.as_deref().unwrap_or("no notice")
         ))

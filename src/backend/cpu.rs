@@ -1,7 +1,9 @@
 //! The CPU backend: each variant's own emulation of its plan in f32 on the
 //! host, from the same quantized bytes a kernel reads. It verifies planners
 //! and merges without a GPU; its timings are one wall-clock sample of the
-//! emulation, which says nothing about a GPU.
+//! emulation, which says nothing about a GPU. A DCP step on a group of GPUs
+//! (`-g<N>` cases) is the emulated ranks plus the host model of the step's
+//! merge (`dcp_step::device_merge`).
 
 use std::time::Instant;
 
@@ -54,7 +56,7 @@ impl Backend for CpuBackend {
         // its launches, as its workspace does on a GPU.
         let mut emu = Emulation::new(self.fault);
         let t0 = Instant::now();
-        let tensors = unit.emulate(job, &mut emu).map_err(BackendError::Failed)?;
+        let mut tensors = unit.emulate(job, &mut emu).map_err(BackendError::Failed)?;
         let ms = t0.elapsed().as_secs_f64() * 1e3;
         let mut repeats = Vec::new();
         for _ in 1..exec.repeats.max(1) {
@@ -63,6 +65,22 @@ impl Backend for CpuBackend {
                 flip_last_bit(&mut again);
             }
             repeats.push(again);
+        }
+        if let (Some(n), Some(p)) = (job.case.dcp_devices, job.case.mla()) {
+            // A DCP step on n GPUs: its merge modelled on the emulated ranks.
+            let shape = crate::dcp_step::StepShape {
+                gpus: n,
+                world: p.dcp.world,
+                rows: p.total_q(),
+                heads: p.heads(),
+                kernel_heads: p.heads(),
+                q_elem: 1,
+                reduce_elem: job.case.dcp_reduce.bytes(),
+            };
+            shape.validate().map_err(BackendError::Failed)?;
+            for t in std::iter::once(&mut tensors).chain(repeats.iter_mut()) {
+                crate::dcp_step::append_device_merge(&shape, job.case.dcp_reduce, t).map_err(BackendError::Failed)?;
+            }
         }
         let samples = exec.timing.enabled.then(|| Samples {
             kernel_ms: vec![ms],

@@ -59,19 +59,16 @@ pub fn select_with(
     }
 }
 
-/// What a run whose cases put DCP ranks on GPU groups needs, checked
-/// before anything runs: a GPU backend, NCCL and the driver, each missing
-/// piece an exit-2 error that names it. Returns the line the run prints and
-/// the GPUs visible.
-pub fn dcp_preflight(choice: BackendChoice) -> Result<(String, usize), InputError> {
-    if choice == BackendChoice::Cpu {
-        return Err(InputError::Usage(
-            "--dcp-devices (or a scenario's dcp_devices) runs the DCP ranks on GPUs through NCCL, and the cpu \
-             backend has none: use --backend cuda, or leave the DCP group out"
-                .into(),
-        ));
-    }
-    cuda::dcp_preflight().map_err(|e| InputError::Environment(format!("a DCP group: {e}")))
+/// What a run whose cases put DCP ranks on GPU groups needs on a GPU
+/// backend, checked before anything runs: NCCL and the driver, each
+/// missing piece an exit-2 error that names it. Returns the line the run
+/// prints and the GPUs visible.
+pub fn dcp_preflight() -> Result<(String, usize), InputError> {
+    cuda::dcp_preflight().map_err(|e| {
+        InputError::Environment(format!(
+            "a DCP group: {e} (--backend cpu models the step on the host instead)"
+        ))
+    })
 }
 
 /// `1 GPU`, `8 GPUs`.

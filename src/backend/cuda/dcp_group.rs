@@ -321,6 +321,14 @@ impl Drop for Group {
                 m.comm.poison();
             }
         }
+        // ncclCommDestroy finalizes, which may wait for the other ranks'
+        // finalize: every member tears down at once, each on its own thread,
+        // as the threads that used them.
+        std::thread::scope(|s| {
+            for m in self.members.drain(..) {
+                s.spawn(move || drop(m));
+            }
+        });
     }
 }
 
