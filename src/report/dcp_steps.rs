@@ -1,5 +1,5 @@
 //! The DCP-step table: each case run on a group of GPUs (`-g<N>` rows) with
-//! its phases, beside the same case emulated on one GPU and the ideal step.
+//! its phases, beside the same case's one-GPU emulation and the ideal step.
 
 use comfy_table::presets::UTF8_FULL_CONDENSED;
 use comfy_table::{ContentArrangement, Table};
@@ -25,9 +25,9 @@ pub struct StepLine {
     pub slowest_rank: usize,
     pub slowest_share: f64,
     pub ideal_ms: f64,
-    /// The same case on one GPU: rank 0's variant time plus the
+    /// The same case's emulation: rank 0's variant time plus the
     /// dcp_combine row's on the same data, when both were measured.
-    pub one_gpu_ms: Option<f64>,
+    pub emulated_ms: Option<f64>,
     pub busbw_gbps: Option<f64>,
 }
 
@@ -66,7 +66,7 @@ pub fn lines(rows: &[Row]) -> Vec<StepLine> {
                 slowest_rank: d.slowest_rank,
                 slowest_share: d.slowest_share,
                 ideal_ms: d.ideal_ms,
-                one_gpu_ms: rank0.zip(combine).map(|(a, b)| a + b),
+                emulated_ms: rank0.zip(combine).map(|(a, b)| a + b),
                 busbw_gbps: d.bandwidth.map(|b| b.allgather_gbps),
             })
         })
@@ -95,7 +95,7 @@ const HEADER: [&str; 15] = [
     "reduce-scatter µs",
     "slowest rank (share)",
     "ideal µs",
-    "one GPU µs",
+    "emulated µs",
     "status",
 ];
 
@@ -114,7 +114,7 @@ fn cells(l: &StepLine) -> Vec<String> {
         us(l.phases_ms[3]),
         format!("r{} ({:.0}%)", l.slowest_rank, l.slowest_share * 100.0),
         us(l.ideal_ms),
-        l.one_gpu_ms.map_or("-".into(), us),
+        l.emulated_ms.map_or("-".into(), us),
         l.status.clone(),
     ]
 }
@@ -148,7 +148,8 @@ fn footnote(ls: &[StepLine]) -> String {
     let mut s = String::from(
         "step: the last GPU's end after a one-word all-reduce lines them up; kernel and phases: the GPU whose \
          ranks' kernels took longest in each sample; ideal: that kernel time plus each collective at NCCL's \
-         measured bus bandwidth; one GPU: rank 0's time plus dcp_combine's on the same data, emulated.",
+         measured bus bandwidth; emulated: rank 0's time plus dcp_combine's on the same data, one after the other on \
+         one GPU (the emulation's step for ranks that each have a GPU, without communication).",
     );
     if !bw.is_empty() {
         s.push_str(&format!(" All-gather bus bandwidth: {}.", bw.join(", ")));
@@ -231,7 +232,7 @@ mod tests {
         assert_eq!(ls.len(), 1, "only the -g row is a step");
         let l = &ls[0];
         assert_eq!((l.gpus, l.world.as_str(), l.slowest_rank), (8, "8", 3));
-        assert!((l.one_gpu_ms.unwrap() - 0.110).abs() < 1e-12);
+        assert!((l.emulated_ms.unwrap() - 0.110).abs() < 1e-12);
         assert!((l.phases_ms[0] - 0.012).abs() < 1e-12, "Q gather includes its layout");
         let t = table(&rows);
         assert!(

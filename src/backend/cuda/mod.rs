@@ -300,8 +300,10 @@ pub fn dcp_preflight() -> Result<(String, usize), EnvError> {
         .map_err(|e| EnvError::Driver(format!("cuDeviceGetCount: {}", device::describe(e))))?
         .max(0) as usize;
     let line = format!(
-        "DCP groups: NCCL {} from {} (NCCL_NVLS_ENABLE=0), {count} GPUs visible",
-        lib.version, lib.source
+        "DCP groups: NCCL {} from {} (NCCL_NVLS_ENABLE=0), {} visible",
+        lib.version,
+        lib.source,
+        crate::backend::gpus(count)
     );
     Ok((line, count))
 }
