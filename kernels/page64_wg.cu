@@ -1,7 +1,11 @@
 // page64 on the compute-bound core (common/mla_wg.cuh): non-persistent MLA
 // decode, page size 64, bottom-right mask on local positions, the SPEC's
 // split rule; f32 partials + page64_merge, for rows = HK x s_q >= 64, bf16 or fp8.
+// bf16 pages come by TMA (the last parameter, a tensor map of the pool).
 // ABI: kernels/ABI.md. Defines: HK, KV_FP8 (0 bf16, 1 e4m3).
+#if !KV_FP8
+#define WG_TMA 1
+#endif
 #include "common/mla_wg.cuh"
 #include "common/page64_merge.cuh"
 #include "common/pdl.cuh"
@@ -37,7 +41,12 @@ extern "C" __global__ void __launch_bounds__(wg::THREADS, 1)
                const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,
                const int* __restrict__ kv_last_page_len, const int* __restrict__ qo_indptr, float q_scale,
                float kv_scale, float sm_scale, int n_splits, __nv_bfloat16* __restrict__ o,
-               float* __restrict__ lse, float* __restrict__ part_o, float* __restrict__ part_lse) {
+               float* __restrict__ lse, float* __restrict__ part_o, float* __restrict__ part_lse
+#if WG_TMA
+               ,
+               const __grid_constant__ wg::TileMap pages
+#endif
+    ) {
   extern __shared__ __align__(1024) unsigned char smem[];
   wg::check_launch();
   const int rb = blockIdx.x, s = blockIdx.y, b = blockIdx.z;
@@ -60,6 +69,9 @@ extern "C" __global__ void __launch_bounds__(wg::THREADS, 1)
   ps.t_end = max(t0, rw.lim(ps.nrows - 1));
   ps.idx = kv_indices + p0;
   ps.prefetch = KV_FP8 || gridDim.x > 1;  // fp8, or several row blocks sharing the split's KV
+#if WG_TMA
+  ps.pages = &pages;
+#endif
   wg::Phase ph;
   if (wg::warpgroup() == 2) {
     wg::regs_dec<wg::PRODUCER_REGS>();

@@ -35,6 +35,22 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(unsigned bar, unsigned byt
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
 
+// TMA: the box of a 2-D tensor map at column x, row y (elements) into
+// shared memory at `dst` (1024-byte aligned for the 128-byte swizzle); its
+// bytes complete on `bar`. `map` is the generic address of a
+// `__grid_constant__` CUtensorMap parameter.
+__device__ __forceinline__ void tma_tile(unsigned dst, const void* map, int x, int y, unsigned bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+          dst),
+      "l"(map), "r"(x), "r"(y), "r"(bar)
+      : "memory");
+}
+// Pulls a tensor map into the descriptor cache before its first copy.
+__device__ __forceinline__ void tma_prefetch_map(const void* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
+}
+
 // 2-CTA clusters (WG_PAIR). Both CTAs have the same layout, so a peer
 // address is the local one plus the distance of the two windows.
 __device__ __forceinline__ unsigned cluster_rank() {

@@ -42,8 +42,15 @@
 // into both CTAs' buffers (common/wg_v4.cuh), so each tile is dequantized
 // once instead of twice: the producer sets the V4 core's rate.
 //
+// WG_TMA (page64, bf16): a tile that is one whole page in range is copied
+// by the tensor-memory accelerator, one instruction per column block from
+// one producer thread, instead of 4608 cp.async from the warpgroup; tiles
+// that reach past the range keep cp.async, which zero-fills rows past the
+// end (a page's tail may hold anything, and P = 0 times NaN is NaN).
+//
 // Defines: HK (kernel heads), KV_FP8 (0: bf16 Q and KV; 1: e4m3), WG_V4
-// (optional, 1: V4 native rows), WG_PAIR (optional, 1: 2-CTA clusters).
+// (optional, 1: V4 native rows), WG_PAIR (optional, 1: 2-CTA clusters),
+// WG_TMA (optional, 1: whole 64-token pages by TMA).
 #pragma once
 #include <cuda_bf16.h>
 
@@ -61,6 +68,12 @@
 #endif
 #if WG_PAIR && !WG_V4
 #error "WG_PAIR shares V4 tiles: define WG_V4=1"
+#endif
+#ifndef WG_TMA
+#define WG_TMA 0
+#endif
+#if WG_TMA && KV_FP8
+#error "WG_TMA copies bf16 pages: the e4m3 producer converts through registers"
 #endif
 // f16 operands for MLA's e4m3 (exact, one conversion); V4's tile scales
 // need bf16's exponent range.
@@ -138,6 +151,13 @@ struct Pass {
   int t0, t_end;     // tokens streamed
   const int* idx;    // the sequence's pool entries (token rows or pages)
   bool prefetch;     // pull each next pair into L2 (prefetch_pair)
+  const void* pages = nullptr;  // WG_TMA: the pool's tensor map (a kernel parameter)
+};
+
+// A CUtensorMap passed by value (`const __grid_constant__`): the pool as
+// [rows, 576] bf16, boxes of 64 dims x 64 tokens, 128-byte swizzle.
+struct alignas(64) TileMap {
+  unsigned long long w[16];
 };
 
 // Loads and pairs issued so far: every role counts them the same way, so
@@ -270,6 +290,7 @@ __device__ void produce(unsigned base, const Pass& ps, Phase& ph, const unsigned
   const int p = threadIdx.x - 2 * 128;
   const int l8 = p & 7, tg = p >> 3;
   const unsigned bars = base + OFF_BAR;
+  if (WG_TMA && p == 0 && ph.items == 0) tma_prefetch_map(ps.pages);
   prefetch_pair<PAGE>(ps, 0, p, kv);
   mbar_wait(bars + 8 * BAR_QEMPTY, (ph.items & 1) ^ 1);
 #pragma unroll
@@ -289,11 +310,28 @@ __device__ void produce(unsigned base, const Pass& ps, Phase& ph, const unsigned
 #pragma unroll
     for (int step = 0; step < 4; ++step) {
       const int b = step & 1, g = step >> 1;
+      const int tb = ps.t0 + (2 * pr + b) * BN;
+      const unsigned buf = base + OFF_BUF + b * TILE;
+      if (WG_TMA && tb + BN <= ps.t_end) {  // one whole page (tb is a multiple of 64)
+        const int row0 = p == 0 ? __ldg(ps.idx + (tb >> 6)) * BN : 0;
+        mbar_wait(empty_bar(bars, b, g), (ph.pairs & 1) ^ 1);
+#pragma unroll
+        for (int i = g ? GROUP_A : 0; i < (g ? NCB : GROUP_A); ++i) {
+          const int c = block_at(b, i);
+          const unsigned full = bars + 8 * (BAR_FULL + b * NCB + c);
+          if (p == 0) {
+            mbar_arrive_expect_tx(full, CB);
+            tma_tile(buf + c * CB, ps.pages, c * 64, row0, full);
+          } else {
+            mbar_arrive(full);  // the barrier counts 128 arrivals either way
+          }
+        }
+        continue;
+      }
       // Read before the wait; the second group reads them again from L1.
       int e[4];
-      tile_rows<PAGE>(ps, ps.t0 + (2 * pr + b) * BN, tg, e);
+      tile_rows<PAGE>(ps, tb, tg, e);
       mbar_wait(empty_bar(bars, b, g), (ph.pairs & 1) ^ 1);
-      const unsigned buf = base + OFF_BUF + b * TILE;
 #pragma unroll
       for (int i = g ? GROUP_A : 0; i < (g ? NCB : GROUP_A); ++i) {
         const int c = block_at(b, i);

@@ -57,6 +57,32 @@ pub enum Arg {
     F32(f32),
     /// A null pointer (an optional input left out).
     Null,
+    /// A TMA tensor map over a buffer, passed by value (128 bytes).
+    TileMap(TileMap),
+}
+
+/// A buffer read as a 2-D array of bf16 rows and copied into shared memory
+/// by the tensor-memory accelerator, `box_rows x box_cols` at a time, each
+/// box row 128 bytes swizzled as wgmma reads it: one instruction moves a
+/// whole tile where a warpgroup of cp.async issued thousands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TileMap {
+    pub buf: BufId,
+    /// bf16 elements of a row that the map covers.
+    pub row_elems: u32,
+    /// Bytes from one row to the next (a multiple of 16).
+    pub row_bytes: u32,
+    /// A box of 64 columns (128 bytes, the swizzle's span) by `box_rows`.
+    pub box_rows: u32,
+}
+
+impl TileMap {
+    pub const BOX_COLS: u32 = 64;
+
+    /// Rows of a buffer of `bytes` (a partial last row is left out).
+    pub fn rows(&self, bytes: usize) -> u64 {
+        (bytes / self.row_bytes as usize) as u64
+    }
 }
 
 /// Dynamic shared memory of a call.
@@ -283,8 +309,26 @@ impl<'a> Program<'a> {
                 ));
             }
             for a in &c.args {
-                if let Arg::Buf(b) = a {
-                    ok(*b, c.entry)?;
+                match a {
+                    Arg::Buf(b) => ok(*b, c.entry)?,
+                    Arg::TileMap(m) => {
+                        ok(m.buf, c.entry)?;
+                        if m.row_bytes % 16 != 0
+                            || m.row_elems * 2 > m.row_bytes
+                            || m.row_elems < TileMap::BOX_COLS
+                            || !(1..=256).contains(&m.box_rows)
+                        {
+                            return Err(format!(
+                                "{}: a tile map of {} bf16 a row over rows of {} bytes, boxes of {} rows (TMA needs 16-byte strides, {} columns a box, 1..=256 rows)",
+                                c.entry,
+                                m.row_elems,
+                                m.row_bytes,
+                                m.box_rows,
+                                TileMap::BOX_COLS
+                            ));
+                        }
+                    }
+                    _ => {}
                 }
             }
         }
@@ -362,6 +406,45 @@ mod tests {
                 }
                 full
             }
+        }
+    }
+
+    #[test]
+    fn a_tile_map_names_a_buffer_and_a_shape_tma_can_copy() {
+        let spec = KernelSpec::new("k.cu", &["f"]);
+        let prog = |m: TileMap| {
+            let mut p = Program::default();
+            p.buffer("pool", 1152 * 64, Init::Zero);
+            p.calls.push(Call {
+                kernel: spec.clone(),
+                entry: "f",
+                grid: (1, 1, 1),
+                block: 1,
+                smem: Smem::Fixed(0),
+                args: vec![Arg::TileMap(m)],
+                second: false,
+                dependent: false,
+            });
+            p.validate()
+        };
+        let good = TileMap {
+            buf: BufId(0),
+            row_elems: 576,
+            row_bytes: 1152,
+            box_rows: 64,
+        };
+        prog(good).unwrap();
+        assert_eq!(good.rows(1152 * 64 + 100), 64);
+        let bad = [
+            TileMap { buf: BufId(1), ..good },
+            TileMap { row_bytes: 1160, ..good },
+            TileMap { row_elems: 600, ..good },
+            TileMap { row_elems: 32, row_bytes: 64, ..good },
+            TileMap { box_rows: 0, ..good },
+            TileMap { box_rows: 257, ..good },
+        ];
+        for m in bad {
+            assert!(prog(m).is_err(), "{m:?}");
         }
     }
 

@@ -39,7 +39,14 @@ pub enum RawArg {
     /// A `long long` parameter.
     I64(i64),
     F32(f32),
+    /// A `CUtensorMap` ([`CudaDevice::tile_map`]).
+    TensorMap([u64; 16]),
 }
+
+/// One kernel parameter's bytes: a tensor map must sit 64-byte aligned,
+/// every other parameter reads its own size from the start.
+#[repr(C, align(64))]
+struct Slot([u64; 16]);
 
 /// CUresult codes after which the context cannot be used again.
 const STICKY: &[(u32, &str)] = &[
@@ -378,6 +385,49 @@ impl CudaDevice {
         }
     }
 
+    /// A TMA tensor map over `rows` bf16 rows at `addr`, `row_elems` of each
+    /// (`row_bytes` apart), copied in boxes of 64 columns by `box_rows` rows
+    /// with the 128-byte swizzle (common/mla_wg.cuh's tile layout).
+    pub fn tile_map(
+        &self,
+        addr: sys::CUdeviceptr,
+        rows: u64,
+        row_elems: u32,
+        row_bytes: u32,
+        box_rows: u32,
+    ) -> Result<[u64; 16], BackendError> {
+        use sys::{
+            CUtensorMapDataType as Ty, CUtensorMapFloatOOBfill as Oob, CUtensorMapInterleave as Il,
+            CUtensorMapL2promotion as L2, CUtensorMapSwizzle as Sw,
+        };
+        let mut map = sys::CUtensorMap { opaque: [0; 16] };
+        let dims = [row_elems as u64, rows];
+        let strides = [row_bytes as u64];
+        let boxes = [64u32, box_rows];
+        let steps = [1u32, 1];
+        // SAFETY: the arrays hold rank (2) entries (strides rank - 1) and
+        // outlive the call, which only writes `map`.
+        let r = unsafe {
+            sys::cuTensorMapEncodeTiled(
+                &mut map,
+                Ty::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                2,
+                addr as *mut std::ffi::c_void,
+                dims.as_ptr(),
+                strides.as_ptr(),
+                boxes.as_ptr(),
+                steps.as_ptr(),
+                Il::CU_TENSOR_MAP_INTERLEAVE_NONE,
+                Sw::CU_TENSOR_MAP_SWIZZLE_128B,
+                L2::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                Oob::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+            )
+        };
+        let what = format!("encoding a tensor map of {rows} rows x {row_elems} bf16 ({row_bytes} bytes apart)");
+        self.check(&what, r.result())?;
+        Ok(map.opaque)
+    }
+
     /// The device address of a buffer, for [`RawArg::Ptr`].
     pub fn addr<T>(&self, b: &DeviceBuffer<T>) -> sys::CUdeviceptr {
         // Event tracking is off, so the returned guard records nothing.
@@ -413,18 +463,26 @@ impl CudaDevice {
         };
         self.ensure_smem(kernel, cfg.shared_mem_bytes)?;
         self.check("binding the context", self.ctx.bind_to_thread())?;
-        // One 8-byte slot per argument; the driver reads each parameter's
-        // own size from the start of its slot (little-endian i32 included).
-        let mut slots: Vec<u64> = args
+        // One slot per argument; the driver reads each parameter's own size
+        // from the start of its slot (little-endian i32 included).
+        let mut slots: Vec<Slot> = args
             .iter()
-            .map(|a| match *a {
-                RawArg::Ptr(p) => p,
-                RawArg::I32(v) => v as u32 as u64,
-                RawArg::I64(v) => v as u64,
-                RawArg::F32(v) => v.to_bits() as u64,
+            .map(|a| {
+                let word = |w: u64| {
+                    let mut s = [0u64; 16];
+                    s[0] = w;
+                    Slot(s)
+                };
+                match *a {
+                    RawArg::Ptr(p) => word(p),
+                    RawArg::I32(v) => word(v as u32 as u64),
+                    RawArg::I64(v) => word(v as u64),
+                    RawArg::F32(v) => word(v.to_bits() as u64),
+                    RawArg::TensorMap(m) => Slot(m),
+                }
             })
             .collect();
-        let mut params: Vec<*mut std::ffi::c_void> = slots.iter_mut().map(|v| v as *mut u64 as *mut _).collect();
+        let mut params: Vec<*mut std::ffi::c_void> = slots.iter_mut().map(|v| v as *mut Slot as *mut _).collect();
         let mut attr = sys::CUlaunchAttribute {
             id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
             pad: [0; 4],

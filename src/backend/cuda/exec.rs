@@ -171,7 +171,7 @@ impl CudaBackend {
                 continue;
             }
             let kernel: &Kernel = m.kernel(c.entry)?;
-            let args: Vec<RawArg> = c.args.iter().map(|a| self.raw(a, l)).collect();
+            let args: Vec<RawArg> = c.args.iter().map(|a| self.raw(a, l)).collect::<R<_>>()?;
             let smem = match c.smem {
                 Smem::Fixed(b) => b,
                 Smem::DependentMerge { blocks } if *pdl => self.merge_smem(blocks),
@@ -192,13 +192,27 @@ impl CudaBackend {
         Ok(())
     }
 
-    fn raw(&self, a: &Arg, l: &Loaded) -> RawArg {
-        match *a {
+    fn raw(&self, a: &Arg, l: &Loaded) -> R<RawArg> {
+        Ok(match *a {
             Arg::Buf(BufId(i)) => RawArg::Ptr(self.dev.addr(&l.bufs[i])),
             Arg::I32(v) => RawArg::I32(v),
             Arg::F32(v) => RawArg::F32(v),
             Arg::Null => RawArg::Ptr(0),
-        }
+            Arg::TileMap(m) => {
+                let b = &l.bufs[m.buf.0];
+                match m.rows(b.len()) {
+                    // Nothing to copy: the kernel copies only rows in range.
+                    0 => RawArg::TensorMap([0; 16]),
+                    rows => RawArg::TensorMap(self.dev.tile_map(
+                        self.dev.addr(b),
+                        rows,
+                        m.row_elems,
+                        m.row_bytes,
+                        m.box_rows,
+                    )?),
+                }
+            }
+        })
     }
 
     /// Dynamic shared memory of a dependent merge of `blocks` blocks.

@@ -17,11 +17,11 @@ use super::mla::emulate::{merge_chunks, mla_chunk, mla_tensors, write_final, Chu
 use super::mla::gate::{GateInput, Verdict};
 use super::mla::kernel::{self, Core};
 use super::mla::{self, program::Rank};
-use super::program::{Arg, Call, Fill, Program, Smem};
+use super::program::{Arg, Call, Fill, Program, Smem, TileMap};
 use super::{
     Cost, Decision, Family, Job, KernelSpec, OutTensor, Plan, PlanData, PlanError, Variant, VariantId, VariantInfo,
 };
-use crate::case::{Case, Dtype, MLA_D_V};
+use crate::case::{Case, Dtype, MLA_D_QK, MLA_D_V};
 use crate::reference::RefSet;
 use crate::result::Check;
 use crate::tensor_ceiling::{MmaKind, MmaMix};
@@ -263,28 +263,38 @@ impl Variant for Page64 {
             let parts = if ns > 1 { n * ns } else { 1 };
             let part_o = p.poisoned("partials", parts * hk * MLA_D_V * 4, Fill::F32);
             let part_lse = p.poisoned("partial lse", parts * hk * 4, Fill::F32);
+            let mut args = vec![
+                Arg::Buf(b.q),
+                Arg::Buf(b.kv),
+                Arg::Buf(b.kv_indptr),
+                Arg::Buf(b.kv_indices),
+                Arg::Buf(b.last_page),
+                Arg::Buf(b.qo_indptr),
+                Arg::F32(w.q_scale),
+                Arg::F32(w.kv_scale),
+                Arg::F32(w.p.sm_scale as f32),
+                Arg::I32(ns as i32),
+                Arg::Buf(b.o),
+                Arg::Buf(b.lse),
+                Arg::Buf(part_o),
+                Arg::Buf(part_lse),
+            ];
+            // The wgmma core copies whole bf16 pages by TMA (kernels/ABI.md).
+            if plan.core == Core::Wg && !fp8 {
+                args.push(Arg::TileMap(TileMap {
+                    buf: b.kv,
+                    row_elems: MLA_D_QK as u32,
+                    row_bytes: (MLA_D_QK * 2) as u32,
+                    box_rows: 64,
+                }));
+            }
             p.calls.push(Call {
                 kernel: k.clone(),
                 entry: "page64_fwd",
                 grid: (row_groups as u32, ns as u32, w.p.batch as u32),
                 block,
                 smem: Smem::Fixed(smem),
-                args: vec![
-                    Arg::Buf(b.q),
-                    Arg::Buf(b.kv),
-                    Arg::Buf(b.kv_indptr),
-                    Arg::Buf(b.kv_indices),
-                    Arg::Buf(b.last_page),
-                    Arg::Buf(b.qo_indptr),
-                    Arg::F32(w.q_scale),
-                    Arg::F32(w.kv_scale),
-                    Arg::F32(w.p.sm_scale as f32),
-                    Arg::I32(ns as i32),
-                    Arg::Buf(b.o),
-                    Arg::Buf(b.lse),
-                    Arg::Buf(part_o),
-                    Arg::Buf(part_lse),
-                ],
+                args,
                 second: false,
                 dependent: false,
             });
@@ -343,5 +353,42 @@ mod tests {
         assert_eq!(call.grid, (1, p.splits[0] as u32, 3));
         assert_eq!(call.block, kernel::WG_THREADS);
         assert_eq!(call.smem, Smem::Fixed(kernel::wg_smem()));
+        // bf16 pages by TMA: the pool as rows of 576 bf16, 64-token boxes.
+        let Some(Arg::TileMap(m)) = call.args.last() else {
+            panic!("no tile map last: {:?}", call.args)
+        };
+        assert_eq!(call.args[1], Arg::Buf(m.buf), "the map covers the kv pool");
+        assert_eq!((m.row_elems, m.row_bytes, m.box_rows), (576, 1152, 64));
+        let pool_rows = m.rows(wl.mla().unwrap().shards[0].pool.as_bytes().len());
+        assert_eq!(pool_rows as usize % 64, 0, "whole pages");
+        assert!(pool_rows >= 3 * 640, "every token of every sequence: {pool_rows}");
+    }
+
+    #[test]
+    fn only_the_bf16_wgmma_core_takes_a_tile_map() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.toml");
+        let toml = "[[mla]]\nbatch = 2\ncontext = 200\nheads_local = [16, 64]\ns_q = [1, 4]\nvariants = [\"page64\"]\ndtype = [\"bf16\", \"fp8\"]\n";
+        std::fs::write(&path, toml).unwrap();
+        let cases = crate::scenario::expand(&crate::scenario::load(&path).unwrap()).cases;
+        assert_eq!(cases.len(), 8);
+        for c in &cases {
+            let d = Page64.decide(c);
+            let plan = Page64.plan(c, &d, None).unwrap();
+            let p = plan.of::<Page64Plan>().unwrap();
+            let wl = workload::build(c).unwrap();
+            let job = Job {
+                case: c,
+                workload: &wl,
+                plan: &plan,
+                rows: &[],
+            };
+            let prog = &Page64.programs(&job).unwrap()[0];
+            prog.validate().unwrap();
+            let maps = prog.calls[0].args.iter().filter(|a| matches!(a, Arg::TileMap(_))).count();
+            let fp8 = wl.mla().unwrap().p.dtype == Dtype::Fp8;
+            assert_eq!(maps, usize::from(p.core == Core::Wg && !fp8), "{}", c.key());
+            assert_eq!(prog.calls[0].args.len(), 14 + maps, "{}", c.key());
+        }
     }
 }
