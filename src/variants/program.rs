@@ -437,9 +437,16 @@ mod tests {
         assert_eq!(good.rows(1152 * 64 + 100), 64);
         let bad = [
             TileMap { buf: BufId(1), ..good },
-            TileMap { row_bytes: 1160, ..good },
+            TileMap {
+                row_bytes: 1160,
+                ..good
+            },
             TileMap { row_elems: 600, ..good },
-            TileMap { row_elems: 32, row_bytes: 64, ..good },
+            TileMap {
+                row_elems: 32,
+                row_bytes: 64,
+                ..good
+            },
             TileMap { box_rows: 0, ..good },
             TileMap { box_rows: 257, ..good },
         ];

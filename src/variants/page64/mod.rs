@@ -385,7 +385,11 @@ mod tests {
             };
             let prog = &Page64.programs(&job).unwrap()[0];
             prog.validate().unwrap();
-            let maps = prog.calls[0].args.iter().filter(|a| matches!(a, Arg::TileMap(_))).count();
+            let maps = prog.calls[0]
+                .args
+                .iter()
+                .filter(|a| matches!(a, Arg::TileMap(_)))
+                .count();
             let fp8 = wl.mla().unwrap().p.dtype == Dtype::Fp8;
             assert_eq!(maps, usize::from(p.core == Core::Wg && !fp8), "{}", c.key());
             assert_eq!(prog.calls[0].args.len(), 14 + maps, "{}", c.key());
