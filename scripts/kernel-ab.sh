@@ -12,7 +12,9 @@
 #      DEADLINE_S (stop starting runs after this many seconds; default none),
 #      CAND_ARGS (run flags for the candidates only, split on spaces: A/B a
 #      host option with one kernels dir, e.g. CAND_ARGS="--ps1-schedule payload"
-#      scripts/kernel-ab.sh ab SCEN 2 kernels kernels).
+#      scripts/kernel-ab.sh ab SCEN 2 kernels kernels),
+#      CAND_BIN (the binary the candidates run, default BIN: A/B a host
+#      change, e.g. the previous build as BIN and the new one as CAND_BIN).
 # Writes OUT/c<i>-r<round>/ per run (c0 = the control, c1.. = candidates)
 # and OUT/ab-c<i>.md, and prints per candidate `mlabench ab` over the rounds:
 # medians over rounds, each side's drift, a verdict per (case, variant).
@@ -34,6 +36,8 @@ for d in "${DIRS[@]}"; do
 done
 BIN=${BIN:-target/release/mlabench}
 [[ -x $BIN ]] || { echo "no binary at '$BIN' (cargo build --release, or set BIN)" >&2; exit 2; }
+CAND_BIN=${CAND_BIN:-$BIN}
+[[ -x $CAND_BIN ]] || { echo "no binary at CAND_BIN '$CAND_BIN'" >&2; exit 2; }
 BACKEND=${BACKEND:-cuda}
 read -r -a CAND <<<"${CAND_ARGS:-}"
 T0=$(date +%s)
@@ -47,12 +51,14 @@ for ((r = 1; r <= ROUNDS; r++)); do
             echo "$id: not run (DEADLINE_S=$DEADLINE_S reached)"
             continue
         fi
-        side=()
-        (( i > 0 )) && side=("${CAND[@]}")
-        "$BIN" run "$SCEN" --backend "$BACKEND" --kernels-dir "${DIRS[$i]}" --out "$OUT" --run-id "$id" \
+        side=() bin=$BIN
+        (( i > 0 )) && side=("${CAND[@]}") bin=$CAND_BIN
+        tag=""
+        [[ $bin != "$BIN" ]] && tag=" [$bin]"
+        "$bin" run "$SCEN" --backend "$BACKEND" --kernels-dir "${DIRS[$i]}" --out "$OUT" --run-id "$id" \
             -q "${RUN_ARGS[@]}" "${side[@]}" >"$OUT/$id.log" 2>&1
         rc=$?
-        echo "$id (${DIRS[$i]}${side[*]:+ ${side[*]}}): exit $rc, $(grep -E 'passed, ' "$OUT/$id.log" | tail -1)"
+        echo "$id (${DIRS[$i]}${side[*]:+ ${side[*]}}${tag}): exit $rc, $(grep -E 'passed, ' "$OUT/$id.log" | tail -1)"
         case $rc in
             0) ran+=("$id") ;;
             1) ran+=("$id"); failed=1 ;;

@@ -23,6 +23,7 @@ use crate::case::{
 use crate::variants::hca_persist::plan as hca;
 use crate::variants::hca_persist::{self as hca_unit, HcaPersistPlan};
 use crate::variants::heads;
+use crate::variants::mla::kernel;
 use crate::variants::page64::split;
 use crate::variants::page64::{self as page64_unit, Page64Plan};
 use crate::variants::ps1::worklist;
@@ -980,14 +981,19 @@ fn mla(case: &Case, p: &MlaParams, opts: &Options) -> R<Live> {
             MlaRun::Page64 { splits, .. } => {
                 let ns = match splits {
                     Some(v) => u(v[idx]),
-                    None => u(split::fallback_splits(
-                        p.batch,
-                        rk.tokens as usize,
-                        hk as usize,
-                        p.s_q,
-                        p.dtype,
-                        case.cus,
-                    )),
+                    None => {
+                        let hk = hk as usize;
+                        let core = kernel::mla_core(hk, p.s_q, p.dtype == Dtype::Fp8).0;
+                        u(split::fallback_splits(
+                            p.batch,
+                            rk.tokens as usize,
+                            hk,
+                            p.s_q,
+                            p.dtype,
+                            case.cus,
+                            page64_unit::split_tg_factor(core, hk, p.s_q),
+                        ))
+                    }
                 }
                 .max(1);
                 // page64_split_ranges: ceil(pages / n) pages per split.

@@ -46,7 +46,22 @@ pub struct Page64Plan {
     pub kernel_heads: usize,
     pub core: Core,
     pub core_reason: String,
+    /// CTAs per (sequence, split) the split search counts (SPEC's `tg_factor`).
+    pub tg_factor: usize,
     pub splits: Vec<usize>,
+}
+
+/// The split search's `tg_factor` for a core, as aiter's callers set it: the
+/// wgmma core launches a CTA per 64-row block, as aiter's V4 kernel does per
+/// 64 heads (its wrapper passes `ceil(H/64)`); the mma core's head groups
+/// count once, as aiter's V3 caller leaves it at 1 for its 16-head kernel.
+/// Counted as 1, a 768-row sequence of 12 row blocks looks like a twelfth
+/// of a wave and takes two splits, whose merge cost 11% at B64 H96 s_q 8.
+pub fn split_tg_factor(core: Core, kernel_heads: usize, s_q: usize) -> usize {
+    match core {
+        Core::Wg => kernel::wg_row_blocks(kernel_heads, s_q),
+        Core::Mma { .. } => 1,
+    }
 }
 
 pub struct Page64;
@@ -88,19 +103,21 @@ impl Variant for Page64 {
         let err = |what: String| PlanError::new(&case.key(), what);
         let p = mla::params(case).map_err(err)?;
         let kernel_heads = heads::page64_heads(p.heads()).map_err(|e| err(e.to_string()))?;
+        let (core, core_reason) = kernel::mla_core(kernel_heads, p.s_q, p.dtype == Dtype::Fp8);
+        let tg_factor = split_tg_factor(core, kernel_heads, p.s_q);
         let splits = p
             .dcp
             .ranks()
             .map(|r| {
                 let total: usize = mla::local_lens(p, r).iter().sum();
-                split::fallback_splits(p.batch, total, kernel_heads, p.s_q, p.dtype, case.cus)
+                split::fallback_splits(p.batch, total, kernel_heads, p.s_q, p.dtype, case.cus, tg_factor)
             })
             .collect();
-        let (core, core_reason) = kernel::mla_core(kernel_heads, p.s_q, p.dtype == Dtype::Fp8);
         Ok(Plan::new(Page64Plan {
             kernel_heads,
             core,
             core_reason,
+            tg_factor,
             splits,
         }))
     }
@@ -129,7 +146,13 @@ impl Variant for Page64 {
         let Some(p) = plan.of::<Page64Plan>() else {
             return vec![];
         };
-        vec![format!("core {} ({})", p.core.name(), p.core_reason)]
+        vec![
+            format!("core {} ({})", p.core.name(), p.core_reason),
+            format!(
+                "split search: tg_factor {} (CTAs per sequence and split it counts)",
+                p.tg_factor
+            ),
+        ]
     }
 
     fn cost(&self, job: &Job) -> Cost {
@@ -362,6 +385,37 @@ mod tests {
         let pool_rows = m.rows(wl.mla().unwrap().shards[0].pool.as_bytes().len());
         assert_eq!(pool_rows as usize % 64, 0, "whole pages");
         assert!(pool_rows >= 3 * 640, "every token of every sequence: {pool_rows}");
+    }
+
+    #[test]
+    fn the_split_search_counts_the_wgmma_cores_row_blocks() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.toml");
+        // B64 L4096: 768 rows at H96 s_q 8 make 12 row blocks a sequence, so
+        // one split already fills 5.8 waves; H32 s_q 1 stays on the mma core.
+        let toml = "[[mla]]\nbatch = 64\ncontext = 4096\nheads_local = [32, 96]\ns_q = [1, 8]\nvariants = [\"page64\"]\ndtype = \"bf16\"\n";
+        std::fs::write(&path, toml).unwrap();
+        let cases = crate::scenario::expand(&crate::scenario::load(&path).unwrap()).cases;
+        let mut seen = Vec::new();
+        for c in &cases {
+            let plan = Page64.plan(c, &Page64.decide(c), None).unwrap();
+            let p = plan.of::<Page64Plan>().unwrap();
+            let m = c.mla().unwrap();
+            let rows = p.kernel_heads * m.s_q;
+            let tg = if p.core == Core::Wg {
+                rows.div_ceil(kernel::WG_ROWS)
+            } else {
+                1
+            };
+            assert_eq!(p.tg_factor, tg, "{}", c.key());
+            let want = split::fallback_splits(64, 64 * 4096, p.kernel_heads, m.s_q, Dtype::Bf16, c.cus, tg);
+            assert_eq!(p.splits, vec![want], "{}", c.key());
+            seen.push((p.kernel_heads, m.s_q, p.splits[0]));
+        }
+        seen.sort();
+        // Counted as one CTA a sequence, 64 sequences would take 2 splits.
+        assert_eq!(split::fallback_splits(64, 64 * 4096, 96, 8, Dtype::Bf16, 132, 1), 2);
+        assert_eq!(seen, vec![(32, 1, 2), (32, 8, 1), (96, 1, 1), (96, 8, 1)]);
     }
 
     #[test]

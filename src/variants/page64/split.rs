@@ -159,9 +159,17 @@ pub fn fallback_split_pick(inp: &FallbackInput) -> SplitPick {
     }
 }
 
-/// The split count page64 uses, with `tg_factor = 1` (one CTA per split and
-/// head group is the caller's to count when it is not).
-pub fn fallback_splits(batch: usize, total_kv: usize, heads: usize, s_q: usize, dtype: Dtype, cus: usize) -> usize {
+/// The split count page64 uses; `tg_factor` is the caller's count of CTAs
+/// per (sequence, split) along the rows (see `page64::split_tg_factor`).
+pub fn fallback_splits(
+    batch: usize,
+    total_kv: usize,
+    heads: usize,
+    s_q: usize,
+    dtype: Dtype,
+    cus: usize,
+    tg_factor: usize,
+) -> usize {
     fallback_split_pick(&FallbackInput {
         batch,
         total_kv,
@@ -169,7 +177,7 @@ pub fn fallback_splits(batch: usize, total_kv: usize, heads: usize, s_q: usize, 
         s_q,
         dtype,
         cus,
-        tg_factor: 1,
+        tg_factor,
     })
     .n
 }
@@ -268,7 +276,7 @@ mod tests {
 
     #[test]
     fn fallback_splits_matches_the_pick() {
-        assert_eq!(fallback_splits(100, 409_600, 16, 1, Dtype::Bf16, 132), 5);
+        assert_eq!(fallback_splits(100, 409_600, 16, 1, Dtype::Bf16, 132, 1), 5);
     }
 
     #[test]
