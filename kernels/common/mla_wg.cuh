@@ -480,15 +480,17 @@ __device__ void produce(unsigned base, const Pass& ps, Phase& ph, const unsigned
 // loop, where 36 k-steps' worth took 144 registers and spilled.
 __device__ __forceinline__ void opaque(unsigned& a, unsigned& b) { asm volatile("" : "+r"(a), "+r"(b)); }
 
-// S = Q K^T of the tile in `buf`, column block by column block as each lands.
-template <int B>
+// S = Q K^T of the tile in `buf`, column block by column block as each lands:
+// the blocks at positions [I0, I1) of buffer B's order (block_at), the first
+// of them zeroing S when I0 is 0. Committed as one group.
+template <int B, int I0 = 0, int I1 = NCB>
 __device__ __forceinline__ void qk(float (&s)[32], unsigned base, unsigned parity) {
   unsigned qa = base + OFF_Q, buf = base + OFF_BUF + B * TILE;
   opaque(qa, buf);
   const unsigned full = base + OFF_BAR + 8 * (BAR_FULL + B * NCB);
   wgmma_fence();
 #pragma unroll
-  for (int i = 0; i < NCB; ++i) {
+  for (int i = I0; i < I1; ++i) {
     const int c = block_at(B, i);
     mbar_wait(full + 8 * c, parity);
     fence_proxy_async();  // the copies landed through the generic proxy; wgmma reads through the async one
@@ -687,9 +689,14 @@ struct Consumer {
     pv_ss(acc, sp1, buf1);  // O_L += P1 V1L
     wgmma_commit();
     if constexpr (MORE) {
-      qk<0>(s, base, next_parity);
+      // The next S0 over V0L's blocks first: refilled since P0 V0L, they
+      // have landed. Once P1 V1L is done its group is freed, before the
+      // wait for the blocks WG1 frees last, so buffer 1's refill (WG1's
+      // next S1) does not queue behind buffer 0's (as FlashMLA's WG0 does).
+      qk<0, 0, GROUP_A>(s, base, next_parity);
       wgmma_wait<1>();
       if (lane == 0) free_group(empty_bar(bars, 1, 1));  // V1L and P1
+      qk<0, GROUP_A, NCB>(s, base, next_parity);
       wgmma_wait<0>();
     } else {
       wgmma_wait<0>();
