@@ -398,7 +398,8 @@ struct Live {
     checking: Parts,
     /// The backend runs (false when nothing runs or planning fails).
     runs: bool,
-    /// The device buffers of the largest launch sequence (MLA: one rank's).
+    /// The device buffers of the largest launch sequence (MLA: one rank's;
+    /// on a group of GPUs, the fullest GPU's ranks and step buffers).
     device: Parts,
 }
 
@@ -792,6 +793,13 @@ fn mla(case: &Case, p: &MlaParams, opts: &Options) -> R<Live> {
     let mut cpu_rank_peak = Parts::default();
     let mut cuda_rank_peak = Parts::default();
     let mut plan_scratch = Parts::default();
+    // A step on a group of GPUs (`-g<N>`, CUDA only) loads every rank of a
+    // GPU at once: its device parts add up per GPU instead of one rank's.
+    let group = match (case.dcp_devices, &run) {
+        (Some(n), MlaRun::Ps1 { .. } | MlaRun::Page64 { .. }) if cuda && n > 0 && w % u(n) == 0 => Some(u(n)),
+        _ => None,
+    };
+    let mut gpu_dev = vec![Parts::default(); group.unwrap_or(0) as usize];
     let cpus = u(case.cus);
     for (r, k) in passes {
         let rk = Rank::of(p, r, other_ps);
@@ -1033,7 +1041,49 @@ fn mla(case: &Case, p: &MlaParams, opts: &Options) -> R<Live> {
         }
         cpu_rank_peak.keep_larger(cpu)?;
         cuda_rank_peak.keep_larger(host_cuda)?;
-        live.device.keep_larger_device(dev)?;
+        match group {
+            Some(n) => {
+                // Ranks g*kg .. (g+1)*kg on GPU g; this pass is rank r, or
+                // the `k` empty ranks from `eff` on.
+                let kg = w / n;
+                let (lo, hi) = match r {
+                    Some(r) => (u(r), u(r) + 1),
+                    None => (eff, eff + k),
+                };
+                for (g, parts) in gpu_dev.iter_mut().enumerate() {
+                    let (a, z) = (u(g) * kg, (u(g) + 1) * kg);
+                    for _ in lo.max(a)..hi.min(z) {
+                        parts.absorb(&dev)?;
+                    }
+                }
+            }
+            None => live.device.keep_larger_device(dev)?,
+        }
+    }
+    if let Some(n) = group {
+        let shape = crate::dcp_step::StepShape {
+            gpus: n as usize,
+            world: w as usize,
+            rows: tq as usize,
+            heads: h as usize,
+            kernel_heads: hk as usize,
+            q_elem: eb as usize,
+            reduce_elem: case.dcp_reduce.bytes(),
+        };
+        let bufs = shape.buffers().named();
+        for mut parts in gpu_dev {
+            for &(what, bytes) in &bufs {
+                parts.device(what, u(bytes))?;
+            }
+            live.device.keep_larger_device(parts)?;
+        }
+        // The bus bandwidth measured as the group opens, before any rank loads.
+        let mut probe = Parts::default();
+        probe.device(
+            "device: NCCL bandwidth probe at group open",
+            u(crate::dcp_step::BANDWIDTH_PROBE_BYTES) * 2,
+        )?;
+        live.device.keep_larger_device(probe)?;
     }
     live.building.keep_larger(shard_scratch.clone())?;
     repage.absorb(&shard_scratch)?;
@@ -1744,6 +1794,44 @@ mod tests {
             .build()
             .unwrap()
             .install(|| footprint(case, o))
+    }
+
+    #[test]
+    fn a_gpu_group_twin_holds_every_rank_of_its_gpu_at_once() {
+        // W = 8 on 2 GPUs: 4 ranks a GPU, loaded together, against the
+        // emulation's one rank at a time. 16 x 262144 tokens make a rank's
+        // pool (604 MB) larger than the bandwidth probe's 512 MiB.
+        let cs = cases(
+            "[[mla]]\nbatch = 16\ncontext = 262144\nheads_local = 16\ns_q = 1\ndcp_world = 8\ndcp_devices = 2\nvariants = [\"page64\"]\ndtype = \"bf16\"\n",
+        );
+        let emu = cs.iter().find(|c| c.dcp_devices.is_none()).expect("the emulated case");
+        let grp = cs.iter().find(|c| c.dcp_devices == Some(2)).expect("its -g2 twin");
+        let o = opts(Some(4), Target::Cuda);
+        let (e, g) = (est(emu, &o).unwrap(), est(grp, &o).unwrap());
+        let shape = crate::dcp_step::StepShape {
+            gpus: 2,
+            world: 8,
+            rows: 16,
+            heads: 128,
+            kernel_heads: 128,
+            q_elem: 2,
+            reduce_elem: 2,
+        };
+        let step = shape.buffers().total() as u64;
+        // Both carry the L2 flush buffer once.
+        let rank = e.device - L2_FLUSH;
+        assert!(rank > 512 << 20, "{rank}");
+        // Each of the step's buffers is rounded up to the driver's granule.
+        let want = L2_FLUSH + 4 * rank + step;
+        let granules = shape.buffers().named().len() as u64 * DEVICE_GRANULE;
+        assert!(
+            (want..=want + granules).contains(&g.device),
+            "group {} vs {want}",
+            g.device
+        );
+        // The CPU backend runs the same twin rank after rank.
+        let oc = opts(Some(4), Target::Cpu);
+        assert_eq!(est(grp, &oc).unwrap().device, est(emu, &oc).unwrap().device);
     }
 
     fn bytes<T>(v: &[T]) -> u64 {

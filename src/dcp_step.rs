@@ -10,6 +10,10 @@ use crate::dcp::Reduce;
 use crate::variants::output::{find, OutTensor};
 use crate::workload::codec::round_bf16;
 
+/// Bytes of each of the two buffers the group's NCCL bus bandwidth is
+/// measured with as it opens.
+pub const BANDWIDTH_PROBE_BYTES: usize = 256 << 20;
+
 /// The shape of one step: `world` ranks on `gpus` GPUs, consecutive ranks
 /// together (GPU `g` holds ranks `g*k .. (g+1)*k`, `k = world / gpus`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,6 +82,24 @@ impl StepShape {
         out
     }
 
+    /// The step's own buffers on each GPU, beside its ranks' programs: what
+    /// the CUDA group allocates and the run's memory budget counts.
+    pub fn buffers(&self) -> StepBuffers {
+        let (k, hg, qhb) = (self.ranks_per_gpu(), self.heads_per_gpu(), self.q_head_bytes());
+        let plane = self.rows * self.kernel_heads;
+        StepBuffers {
+            q_send: self.rows * hg * qhb,
+            q_all: self.gpus * self.rows * hg * qhb,
+            lse_send: k * plane * 4,
+            lse_all: self.world * plane * 4,
+            o_loc: (k > 1).then_some(k * plane * MLA_D_V * 2),
+            o_send: self.rows * self.heads * MLA_D_V * self.reduce_elem,
+            o_sum32: (self.reduce_elem == 4).then_some(self.rows * hg * MLA_D_V * 4),
+            o_final: self.rows * hg * MLA_D_V * 2,
+            lse_final: (self.rows * hg * 4).max(4),
+        }
+    }
+
     /// Bytes each GPU receives per collective (NCCL's "algorithm bytes"
     /// times `(N-1)/N`, the bus bytes its bus bandwidth is quoted in).
     pub fn bus_bytes(&self) -> CommBytes {
@@ -90,6 +112,48 @@ impl StepShape {
             lse_allgather: lse * share,
             reduce_scatter: o * share,
         }
+    }
+}
+
+/// Bytes of each buffer a step holds on every GPU of the group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepBuffers {
+    /// This GPU's heads of Q, the all-gather's input.
+    pub q_send: usize,
+    /// Every GPU's heads of Q, gathered.
+    pub q_all: usize,
+    /// This GPU's ranks' LSEs, and every rank's after the all-gather.
+    pub lse_send: usize,
+    pub lse_all: usize,
+    /// The local ranks' outputs staged for the correction (more than one rank).
+    pub o_loc: Option<usize>,
+    /// The corrected sum over every head, the reduce-scatter's input.
+    pub o_send: usize,
+    /// This GPU's heads summed in f32 (f32 reduce only).
+    pub o_sum32: Option<usize>,
+    pub o_final: usize,
+    pub lse_final: usize,
+}
+
+impl StepBuffers {
+    /// Each allocated buffer, named as the memory budget reports it.
+    pub fn named(&self) -> Vec<(&'static str, usize)> {
+        let mut v = vec![
+            ("device: step Q, this GPU's heads", self.q_send),
+            ("device: step Q, gathered", self.q_all),
+            ("device: step LSE, this GPU's ranks", self.lse_send),
+            ("device: step LSE, gathered", self.lse_all),
+            ("device: step o, corrected sum", self.o_send),
+            ("device: step o, this GPU's heads", self.o_final),
+            ("device: step lse, this GPU's heads", self.lse_final),
+        ];
+        v.extend(self.o_loc.map(|n| ("device: step o, local ranks", n)));
+        v.extend(self.o_sum32.map(|n| ("device: step o, f32 sum", n)));
+        v
+    }
+
+    pub fn total(&self) -> usize {
+        self.named().iter().map(|(_, n)| n).sum()
     }
 }
 
@@ -352,6 +416,28 @@ mod tests {
             kernel_heads: 16.max(4 * world),
             q_elem: 2,
             reduce_elem: 2,
+        }
+    }
+
+    #[test]
+    fn step_buffers_hold_what_the_collectives_move() {
+        for (gpus, world, reduce_elem) in [(1, 1, 2), (2, 8, 2), (4, 8, 4), (8, 8, 4)] {
+            let s = StepShape {
+                reduce_elem,
+                ..shape(gpus, world)
+            };
+            let b = s.buffers();
+            let q = vec![0u8; s.rows * s.heads * s.q_head_bytes()];
+            assert_eq!(b.q_send, s.q_slice(&q, 0).len());
+            assert_eq!(b.q_all, q.len(), "the all-gathered Q is every head of every row");
+            let share = |x: usize| x as f64 * (gpus - 1) as f64 / gpus as f64;
+            let bus = s.bus_bytes();
+            assert_eq!(share(b.q_all), bus.q_allgather);
+            assert_eq!(share(b.lse_all), bus.lse_allgather);
+            assert_eq!(share(b.o_send), bus.reduce_scatter);
+            assert_eq!(b.o_loc.is_some(), world / gpus > 1);
+            assert_eq!(b.o_sum32.is_some(), reduce_elem == 4);
+            assert_eq!(b.total(), b.named().iter().map(|(_, n)| n).sum::<usize>());
         }
     }
 

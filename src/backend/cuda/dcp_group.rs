@@ -41,7 +41,7 @@ type R<T> = Result<T, BackendError>;
 
 /// Bytes each GPU receives per collective when the group measures NCCL's
 /// bus bandwidth: large enough for the bandwidth, not the latency, to rule.
-const BANDWIDTH_BYTES: usize = 256 << 20;
+const BANDWIDTH_BYTES: usize = crate::dcp_step::BANDWIDTH_PROBE_BYTES;
 
 /// A GPU of the group: its own backend (device, compiler, modules, L2
 /// flush) and its rank's communicator.
@@ -521,32 +521,24 @@ impl Member {
             p.validate().map_err(BackendError::Failed)?;
             loaded.push(self.be.load(p, exec.handoff)?);
         }
-        let (n, k, rows, hk) = (shape.gpus, shape.ranks_per_gpu(), shape.rows, shape.kernel_heads);
-        let hg = shape.heads_per_gpu();
         let dev = &self.be.dev;
+        let b = shape.buffers();
+        debug_assert_eq!(q.len(), b.q_send);
         let q_send = dev.upload(q)?;
-        let plane = rows * hk;
+        let zeros = |n: usize| dev.alloc_zeros::<u8>(n);
         Ok(Step {
             progs,
             ios,
             loaded,
             q_send,
-            q_all: dev.alloc_zeros::<u8>(n * rows * hg * shape.q_head_bytes())?,
-            lse_send: dev.alloc_zeros::<u8>(k * plane * 4)?,
-            lse_all: dev.alloc_zeros::<u8>(shape.world * plane * 4)?,
-            o_loc: if k > 1 {
-                Some(dev.alloc_zeros::<u8>(k * plane * MLA_D_V * 2)?)
-            } else {
-                None
-            },
-            o_send: dev.alloc_zeros::<u8>(rows * shape.heads * MLA_D_V * shape.reduce_elem)?,
-            o_sum32: if shape.reduce_elem == 4 {
-                Some(dev.alloc_zeros::<u8>(rows * hg * MLA_D_V * 4)?)
-            } else {
-                None
-            },
-            o_final: dev.alloc_zeros::<u8>(rows * hg * MLA_D_V * 2)?,
-            lse_final: dev.alloc_zeros::<u8>((rows * hg * 4).max(4))?,
+            q_all: zeros(b.q_all)?,
+            lse_send: zeros(b.lse_send)?,
+            lse_all: zeros(b.lse_all)?,
+            o_loc: b.o_loc.map(zeros).transpose()?,
+            o_send: zeros(b.o_send)?,
+            o_sum32: b.o_sum32.map(zeros).transpose()?,
+            o_final: zeros(b.o_final)?,
+            lse_final: zeros(b.lse_final)?,
             align: dev.alloc_zeros::<f32>(1)?,
         })
     }
