@@ -54,7 +54,7 @@ pub struct Page64Plan {
 /// The split search's `tg_factor` for a core, as aiter's callers set it: the
 /// wgmma core launches a CTA per 64-row block, as aiter's V4 kernel does per
 /// 64 heads (its wrapper passes `ceil(H/64)`); the mma core's head groups
-/// count once, as aiter's V3 caller leaves it at 1 for its 16-head kernel.
+/// count once, as aiter's V3 caller leaves it at 1.
 /// Counted as 1, a 768-row sequence of 12 row blocks looks like a twelfth
 /// of a wave and takes two splits, whose merge cost 11% at B64 H96 s_q 8.
 pub fn split_tg_factor(core: Core, kernel_heads: usize, s_q: usize) -> usize {
