@@ -23,8 +23,6 @@ use crate::case::{
 use crate::variants::hca_persist::plan as hca;
 use crate::variants::hca_persist::{self as hca_unit, HcaPersistPlan};
 use crate::variants::heads;
-use crate::variants::mla::kernel;
-use crate::variants::page64::split;
 use crate::variants::page64::{self as page64_unit, Page64Plan};
 use crate::variants::ps1::worklist;
 use crate::variants::ps1::{self as ps1_unit, Ps1Plan};
@@ -989,19 +987,14 @@ fn mla(case: &Case, p: &MlaParams, opts: &Options) -> R<Live> {
             MlaRun::Page64 { splits, .. } => {
                 let ns = match splits {
                     Some(v) => u(v[idx]),
-                    None => {
-                        let hk = hk as usize;
-                        let core = kernel::mla_core(hk, p.s_q, p.dtype == Dtype::Fp8).0;
-                        u(split::fallback_splits(
-                            p.batch,
-                            rk.tokens as usize,
-                            hk,
-                            p.s_q,
-                            p.dtype,
-                            case.cus,
-                            page64_unit::split_tg_factor(core, hk, p.s_q),
-                        ))
-                    }
+                    None => u(page64_unit::rank_splits(
+                        p.batch,
+                        rk.tokens as usize,
+                        hk as usize,
+                        p.s_q,
+                        p.dtype,
+                        case.cus,
+                    )),
                 }
                 .max(1);
                 // page64_split_ranges: ceil(pages / n) pages per split.
@@ -1771,11 +1764,7 @@ mod tests {
     const SLACK: u64 = 64 << 20;
 
     fn cases(toml: &str) -> Vec<Case> {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("budget.toml");
-        std::fs::write(&path, toml).unwrap();
-        let sc = crate::scenario::load(&path).unwrap();
-        crate::scenario::expand(&sc).cases
+        crate::scenario::cases_of(toml)
     }
 
     fn opts(check_rows: Option<usize>, target: Target) -> Options {
@@ -1817,13 +1806,14 @@ mod tests {
             q_elem: 2,
             reduce_elem: 2,
         };
-        let step = shape.buffers().total() as u64;
+        let bufs = shape.buffers().named();
+        let step: u64 = bufs.iter().map(|&(_, n)| n as u64).sum();
         // Both carry the L2 flush buffer once.
         let rank = e.device - L2_FLUSH;
         assert!(rank > 512 << 20, "{rank}");
         // Each of the step's buffers is rounded up to the driver's granule.
         let want = L2_FLUSH + 4 * rank + step;
-        let granules = shape.buffers().named().len() as u64 * DEVICE_GRANULE;
+        let granules = bufs.len() as u64 * DEVICE_GRANULE;
         assert!(
             (want..=want + granules).contains(&g.device),
             "group {} vs {want}",

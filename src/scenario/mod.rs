@@ -784,13 +784,19 @@ pub fn fingerprint(case: &Case) -> String {
     .unwrap_or_default()
 }
 
+/// The cases of a scenario given as text (tests of other modules too).
+#[cfg(test)]
+pub(crate) fn cases_of(text: &str) -> Vec<Case> {
+    let raw: RawScenario = toml::from_str(text).unwrap();
+    expand(&validate(Path::new("t.toml"), raw).unwrap()).cases
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn cases(text: &str) -> Vec<Case> {
-        let raw: RawScenario = toml::from_str(text).unwrap();
-        expand(&validate(Path::new("t.toml"), raw).unwrap()).cases
+        cases_of(text)
     }
 
     #[test]

@@ -31,17 +31,13 @@ use super::nccl::{self, Comm, Nccl};
 use super::{CudaBackend, DeviceBuffer, OpenOptions, RawArg};
 use crate::backend::{add_phase, BackendError, Exec, RunOutput, Samples, TimingOptions};
 use crate::case::MLA_D_V;
-use crate::dcp_step::{self, BusBandwidth, DcpStep, GpuSample, StepShape};
+use crate::dcp_step::{self, BusBandwidth, DcpStep, GpuSample, StepShape, BANDWIDTH_PROBE_BYTES};
 use crate::metrics::{POISON_BF16, POISON_BITS};
 use crate::variants::heads::PaddedHeads;
 use crate::variants::program::{Elem, Output, Program, RankIo};
 use crate::variants::{merge, Job, OutTensor, Variant};
 
 type R<T> = Result<T, BackendError>;
-
-/// Bytes each GPU receives per collective when the group measures NCCL's
-/// bus bandwidth: large enough for the bandwidth, not the latency, to rule.
-const BANDWIDTH_BYTES: usize = crate::dcp_step::BANDWIDTH_PROBE_BYTES;
 
 /// A GPU of the group: its own backend (device, compiler, modules, L2
 /// flush) and its rank's communicator.
@@ -146,7 +142,7 @@ impl Group {
     }
 
     /// nccl-tests' busbw of an all-gather and a reduce-scatter of
-    /// [`BANDWIDTH_BYTES`] per GPU: the median of 10 after 3 warm-ups.
+    /// [`BANDWIDTH_PROBE_BYTES`] per GPU: the median of 10 after 3 warm-ups.
     fn measure_bandwidth(&mut self) -> R<BusBandwidth> {
         let n = self.size();
         let agree = Agree::new(n);
@@ -162,11 +158,11 @@ impl Group {
             hs.into_iter().map(join).collect()
         });
         let (ag, rs) = first_error(results)?.into_iter().next().unwrap_or((f64::NAN, f64::NAN));
-        let bus = |ms: f64| BANDWIDTH_BYTES as f64 * (n - 1) as f64 / n as f64 / (ms * 1e6);
+        let bus = |ms: f64| BANDWIDTH_PROBE_BYTES as f64 * (n - 1) as f64 / n as f64 / (ms * 1e6);
         Ok(BusBandwidth {
             allgather_gbps: bus(ag),
             reduce_scatter_gbps: bus(rs),
-            message_bytes: BANDWIDTH_BYTES as f64,
+            message_bytes: BANDWIDTH_PROBE_BYTES as f64,
         })
     }
 
@@ -428,12 +424,12 @@ impl Member {
     }
 
     fn bandwidth(&mut self, n: usize, agree: &Agree) -> R<(f64, f64)> {
-        let per = BANDWIDTH_BYTES / n;
+        let per = BANDWIDTH_PROBE_BYTES / n;
         let bufs = (|| -> R<_> {
             self.bind()?;
             Ok((
-                self.be.dev.alloc_zeros::<u8>(BANDWIDTH_BYTES)?,
-                self.be.dev.alloc_zeros::<u8>(BANDWIDTH_BYTES)?,
+                self.be.dev.alloc_zeros::<u8>(BANDWIDTH_PROBE_BYTES)?,
+                self.be.dev.alloc_zeros::<u8>(BANDWIDTH_PROBE_BYTES)?,
             ))
         })();
         let (a, b) = agree.settle(bufs)?;
@@ -444,7 +440,7 @@ impl Member {
             let mut ms = Vec::with_capacity(10);
             for i in 0..13 {
                 self.be.dev.record(&e0)?;
-                // SAFETY: `a` and `b` hold BANDWIDTH_BYTES each on this
+                // SAFETY: `a` and `b` hold BANDWIDTH_PROBE_BYTES each on this
                 // GPU: the all-gather sends `per` and receives `per * n`,
                 // the reduce-scatter sends `per * n` and receives `per`.
                 unsafe {

@@ -64,6 +64,14 @@ pub fn split_tg_factor(core: Core, kernel_heads: usize, s_q: usize) -> usize {
     }
 }
 
+/// One rank's split count: SPEC's search with the `tg_factor` of the core
+/// these heads and `s_q` run on (the plan, and the memory budget without one).
+pub fn rank_splits(batch: usize, total_kv: usize, kernel_heads: usize, s_q: usize, dtype: Dtype, cus: usize) -> usize {
+    let core = kernel::mla_core(kernel_heads, s_q, dtype == Dtype::Fp8).0;
+    let tg = split_tg_factor(core, kernel_heads, s_q);
+    split::fallback_splits(batch, total_kv, kernel_heads, s_q, dtype, cus, tg)
+}
+
 pub struct Page64;
 
 /// The kernel configuration for `hk` heads.
@@ -110,7 +118,7 @@ impl Variant for Page64 {
             .ranks()
             .map(|r| {
                 let total: usize = mla::local_lens(p, r).iter().sum();
-                split::fallback_splits(p.batch, total, kernel_heads, p.s_q, p.dtype, case.cus, tg_factor)
+                rank_splits(p.batch, total, kernel_heads, p.s_q, p.dtype, case.cus)
             })
             .collect();
         Ok(Plan::new(Page64Plan {
@@ -348,18 +356,15 @@ impl Variant for Page64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::scenario::cases_of;
     use crate::workload;
 
     #[test]
     fn the_wgmma_core_grid_is_row_blocks_by_splits_by_sequences() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("s.toml");
-        let toml =
-            "[[mla]]\nbatch = 3\ncontext = 640\nheads_local = 16\ns_q = 4\nvariants = [\"page64\"]\ndtype = \"bf16\"\n";
-        std::fs::write(&path, toml).unwrap();
-        let c = crate::scenario::expand(&crate::scenario::load(&path).unwrap())
-            .cases
-            .remove(0);
+        let c = cases_of(
+            "[[mla]]\nbatch = 3\ncontext = 640\nheads_local = 16\ns_q = 4\nvariants = [\"page64\"]\ndtype = \"bf16\"\n",
+        )
+        .remove(0);
         let d = Page64.decide(&c);
         let plan = Page64.plan(&c, &d, None).unwrap();
         let p = plan.of::<Page64Plan>().unwrap();
@@ -389,13 +394,11 @@ mod tests {
 
     #[test]
     fn the_split_search_counts_the_wgmma_cores_row_blocks() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("s.toml");
         // B64 L4096: 768 rows at H96 s_q 8 make 12 row blocks a sequence, so
         // one split already fills 5.8 waves; H32 s_q 1 stays on the mma core.
-        let toml = "[[mla]]\nbatch = 64\ncontext = 4096\nheads_local = [32, 96]\ns_q = [1, 8]\nvariants = [\"page64\"]\ndtype = \"bf16\"\n";
-        std::fs::write(&path, toml).unwrap();
-        let cases = crate::scenario::expand(&crate::scenario::load(&path).unwrap()).cases;
+        let cases = cases_of(
+            "[[mla]]\nbatch = 64\ncontext = 4096\nheads_local = [32, 96]\ns_q = [1, 8]\nvariants = [\"page64\"]\ndtype = \"bf16\"\n",
+        );
         let mut seen = Vec::new();
         for c in &cases {
             let plan = Page64.plan(c, &Page64.decide(c), None).unwrap();
@@ -420,11 +423,9 @@ mod tests {
 
     #[test]
     fn only_the_bf16_wgmma_core_takes_a_tile_map() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("s.toml");
-        let toml = "[[mla]]\nbatch = 2\ncontext = 200\nheads_local = [16, 64]\ns_q = [1, 4]\nvariants = [\"page64\"]\ndtype = [\"bf16\", \"fp8\"]\n";
-        std::fs::write(&path, toml).unwrap();
-        let cases = crate::scenario::expand(&crate::scenario::load(&path).unwrap()).cases;
+        let cases = cases_of(
+            "[[mla]]\nbatch = 2\ncontext = 200\nheads_local = [16, 64]\ns_q = [1, 4]\nvariants = [\"page64\"]\ndtype = [\"bf16\", \"fp8\"]\n",
+        );
         assert_eq!(cases.len(), 8);
         for c in &cases {
             let d = Page64.decide(c);
