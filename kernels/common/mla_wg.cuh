@@ -140,6 +140,13 @@ __device__ __forceinline__ unsigned long long desc_v(unsigned addr) {
 // P0 V0R (block 8 holds P0). Buffer 1: V1R (4-7) by WG1's P1 V1R, then 0-3
 // and 8 (P1) by WG0's P1 V1L.
 constexpr int GROUP_A = 4;  // blocks in the first group
+// V4: WG1 multiplies P0 V0R before P1 V1R, so buffer 0 (WG0's next S0, which
+// the next pair's softmax waits on) is refilled first, and the producer
+// refills 0A, 0B, 1A, 1B; WG1's next S1 has WG0's softmax as slack. MLA keeps
+// P1 V1R first (0A, 1A, 0B, 1B): measured, the V4 order made hca_persist's
+// long 128-head lists 4.7-8.5% faster and MLA's H96 s_q 8 page64 2-3% slower
+// (docs/kernels.md).
+constexpr bool V0R_FIRST = WG_V4;
 __host__ __device__ constexpr int block_at(int b, int i) { return b == 0 || i == 8 ? i : (i < 4 ? i + 4 : i - 4); }
 __device__ __forceinline__ unsigned empty_bar(unsigned bars, int b, int g) { return bars + 8 * (BAR_EMPTY + 2 * b + g); }
 
@@ -480,11 +487,22 @@ __device__ void produce(unsigned base, const Pass& ps, Phase& ph, const unsigned
 // loop, where 36 k-steps' worth took 144 registers and spilled.
 __device__ __forceinline__ void opaque(unsigned& a, unsigned& b) { asm volatile("" : "+r"(a), "+r"(b)); }
 
+// Which tiles the consumers must proxy-fence before wgmma reads them: bytes
+// cp.async wrote are in the generic proxy, wgmma reads through the async
+// one. TMA writes are async already and the e4m3 producers fence their own
+// stores, so only bf16 tiles that came by cp.async (and V4's rope block)
+// need it. The fence (MEMBAR.ALL.CTA in SASS) sits between the Q K^T
+// wgmmas, so a cp.async tile gets one per group of blocks, not one per block.
+constexpr bool CP_TILES = !KV_FP8;   // bf16: cp.async unless the tile came by TMA
+constexpr int CP_BLOCK_V4 = 7;       // V4: the rope block, copied by cp.async
+
 // S = Q K^T of the tile in `buf`, column block by column block as each lands:
 // the blocks at positions [I0, I1) of buffer B's order (block_at), the first
-// of them zeroing S when I0 is 0. Committed as one group.
+// of them zeroing S when I0 is 0. Committed as one group. `cp_tile`: the
+// tile came by cp.async (bf16), so each group's blocks are awaited together
+// and fenced once.
 template <int B, int I0 = 0, int I1 = NCB>
-__device__ __forceinline__ void qk(float (&s)[32], unsigned base, unsigned parity) {
+__device__ __forceinline__ void qk(float (&s)[32], unsigned base, unsigned parity, bool cp_tile) {
   unsigned qa = base + OFF_Q, buf = base + OFF_BUF + B * TILE;
   opaque(qa, buf);
   const unsigned full = base + OFF_BAR + 8 * (BAR_FULL + B * NCB);
@@ -492,8 +510,16 @@ __device__ __forceinline__ void qk(float (&s)[32], unsigned base, unsigned parit
 #pragma unroll
   for (int i = I0; i < I1; ++i) {
     const int c = block_at(B, i);
-    mbar_wait(full + 8 * c, parity);
-    fence_proxy_async();  // the copies landed through the generic proxy; wgmma reads through the async one
+    if (CP_TILES && cp_tile) {
+      if (i == I0 || i == GROUP_A) {
+#pragma unroll
+        for (int j = i; j < (i < GROUP_A ? min(GROUP_A, I1) : I1); ++j) mbar_wait(full + 8 * block_at(B, j), parity);
+        fence_proxy_async();
+      }
+    } else {
+      mbar_wait(full + 8 * c, parity);
+      if (WG_V4 && c == CP_BLOCK_V4) fence_proxy_async();
+    }
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
       wgmma16_n64(s, gmma_desc_sw128(qa + c * CB + kk * 32), gmma_desc_sw128(buf + c * CB + kk * 32), i | kk);
@@ -634,7 +660,7 @@ __device__ __forceinline__ void with_sink(float sk, float m, float L, float out_
 // One consumer thread's state over a pass: its rows, O slice, S / P tile and
 // row sums, and the shared-memory addresses of the seesaw.
 struct Consumer {
-  int c, lane, r0, r1, lim0, lim1;
+  int c, lane, r0, r1, lim0, lim1, t_end;
   unsigned base, bars, buf0, buf1;
   unsigned sm, sc0, sc1, sp0, sp1;  // shared addresses; sm/sc0/sc1 point at row r0
   float scale_log2;
@@ -642,6 +668,10 @@ struct Consumer {
   float s[32];
   unsigned pa[4][4];
   float l0, l1;
+
+  // Whether the tile at tb came by cp.async (the producer's rule: with
+  // WG_TMA a tile that is one whole page in range comes by TMA).
+  __device__ __forceinline__ bool cp_tile(int tb) const { return !WG_TMA || tb + BN > t_end; }
 
   // This warpgroup's softmax inputs: S masked, row maxima in the exp2 domain.
   __device__ __forceinline__ void maxima(int tb, float& mx0, float& mx1) {
@@ -693,10 +723,11 @@ struct Consumer {
       // have landed. Once P1 V1L is done its group is freed, before the
       // wait for the blocks WG1 frees last, so buffer 1's refill (WG1's
       // next S1) does not queue behind buffer 0's (as FlashMLA's WG0 does).
-      qk<0, 0, GROUP_A>(s, base, next_parity);
+      const bool cp = cp_tile(tb + 2 * BN);
+      qk<0, 0, GROUP_A>(s, base, next_parity, cp);
       wgmma_wait<1>();
       if (lane == 0) free_group(empty_bar(bars, 1, 1));  // V1L and P1
-      qk<0, GROUP_A, NCB>(s, base, next_parity);
+      qk<0, GROUP_A, NCB>(s, base, next_parity, cp);
       wgmma_wait<0>();
     } else {
       wgmma_wait<0>();
@@ -725,18 +756,31 @@ struct Consumer {
     scale_rows(acc, f0 * g0, f1 * g1);
     l0 = l0 * (f0 * g0) + sum0;
     l1 = l1 * (f1 * g1) + sum1;
-    wgmma_fence();
-    pv_rs(acc, pa, buf1 + 4 * CB);  // O_R += P1 V1R
-    wgmma_commit();
-    nbar_sync(NB_P0, CONSUMERS);
-    pv_ss(acc, sp0, buf0 + 4 * CB);  // O_R += (P0 scale1) V0R
-    wgmma_commit();
-    wgmma_wait<1>();
-    if (lane == 0) free_group(empty_bar(bars, 1, 0));  // V1R
-    wgmma_wait<0>();
-    if (lane == 0) free_group(empty_bar(bars, 0, 1));  // V0R and P0
+    if constexpr (V0R_FIRST) {
+      nbar_sync(NB_P0, CONSUMERS);
+      wgmma_fence();
+      pv_ss(acc, sp0, buf0 + 4 * CB);  // O_R += (P0 scale1) V0R
+      wgmma_commit();
+      pv_rs(acc, pa, buf1 + 4 * CB);  // O_R += P1 V1R
+      wgmma_commit();
+      wgmma_wait<1>();
+      if (lane == 0) free_group(empty_bar(bars, 0, 1));  // V0R
+      wgmma_wait<0>();
+      if (lane == 0) free_group(empty_bar(bars, 1, 0));  // V1R
+    } else {
+      wgmma_fence();
+      pv_rs(acc, pa, buf1 + 4 * CB);  // O_R += P1 V1R
+      wgmma_commit();
+      nbar_sync(NB_P0, CONSUMERS);
+      pv_ss(acc, sp0, buf0 + 4 * CB);  // O_R += (P0 scale1) V0R
+      wgmma_commit();
+      wgmma_wait<1>();
+      if (lane == 0) free_group(empty_bar(bars, 1, 0));  // V1R
+      wgmma_wait<0>();
+      if (lane == 0) free_group(empty_bar(bars, 0, 1));  // V0R and P0
+    }
     if constexpr (MORE) {
-      qk<1>(s, base, next_parity);
+      qk<1>(s, base, next_parity, cp_tile(tb + 2 * BN));
       wgmma_wait<0>();
     }
   }
@@ -760,6 +804,7 @@ __device__ void consume(unsigned base, const Pass& ps, const Rows& rows, Phase& 
   cs.r1 = cs.r0 + 8;
   cs.lim0 = rows.lim(cs.r0);
   cs.lim1 = rows.lim(cs.r1);
+  cs.t_end = ps.t_end;
   cs.base = base;
   cs.bars = base + OFF_BAR;
   cs.buf0 = base + OFF_BUF;
@@ -786,11 +831,12 @@ __device__ void consume(unsigned base, const Pass& ps, const Rows& rows, Phase& 
   }
 
   mbar_wait(bars + 8 * BAR_QFULL, ph.items & 1);
+  fence_proxy_async();  // Q came (in part) by cp.async
   if (np > 0) {
     if (wgi == 0) {
-      qk<0>(cs.s, base, ph.pairs & 1);
+      qk<0>(cs.s, base, ph.pairs & 1, cs.cp_tile(t0));
     } else {
-      qk<1>(cs.s, base, ph.pairs & 1);
+      qk<1>(cs.s, base, ph.pairs & 1, cs.cp_tile(t0 + BN));
     }
     wgmma_wait<0>();
     if (wgi == 0) {

@@ -284,9 +284,9 @@ __device__ void produce_v4(unsigned base, const Pass& ps, Phase& ph, const V4Src
 #endif
   for (int pr = 0; pr < np; ++pr, ++ph.pairs) {
     prefetch_v4(ps, pr + 1, p, s);
-    // In the order the consumers free them: 0A, 1A, 0B, 1B. Group A of
-    // buffer 0 and group B of buffer 1 are blocks 0-3 (lower), the others
-    // blocks 4-7 (upper). One CTA's producer runs the steps as a loop:
+    // In the order the consumers free them (V0R_FIRST): 0A, 0B, 1A, 1B.
+    // Group A of buffer 0 and group B of buffer 1 are blocks 0-3 (lower),
+    // the others blocks 4-7 (upper). One CTA's producer runs the steps as a loop:
     // fewer instructions for the instruction cache to hold beside the
     // consumers' loop (docs/kernels.md). The pair producer's half-size
     // steps measured faster unrolled.
@@ -296,7 +296,7 @@ __device__ void produce_v4(unsigned base, const Pass& ps, Phase& ph, const V4Src
 #pragma unroll 1
 #endif
     for (int step = 0; step < 4; ++step) {
-      const int b = step & 1, g = step >> 1;
+      const int b = step >> 1, g = step & 1;
       int e[4];
       tile_rows<1>(ps, ps.t0 + (2 * pr + b) * BN, tg, e);
 #if WG_PAIR
