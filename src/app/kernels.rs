@@ -48,16 +48,19 @@ pub fn kernels(args: &KernelsArgs) -> Result<u8> {
 }
 
 /// `--resources`: one line per entry point; a spill is flagged, since a
-/// spilling decode kernel reads local memory in its inner loop.
+/// spilling decode kernel reads local memory in its inner loop, and so are
+/// serialised wgmmas (each waits for the one before).
+/// `arrive` counts the fences ptxas injected before wgmmas (C7519).
 fn resources(args: &KernelsArgs, specs: &[crate::variants::KernelSpec]) -> Result<u8> {
     let arch = args.arch.as_deref().unwrap_or("sm_90a");
     let results =
         cuda::resources_all(&args.kernels_dir, specs, arch).map_err(|e| InputError::Environment(format!("{e}")))?;
     let mut failed = 0;
     let mut spilling = 0;
+    let mut serialized = 0;
     println!(
-        "{:<24} {:>5} {:>8} {:>8} {:>6} {:>7}  configuration ({arch})",
-        "entry", "regs", "spill-st", "spill-ld", "stack", "smem"
+        "{:<24} {:>5} {:>8} {:>8} {:>6} {:>7} {:>6}  configuration ({arch})",
+        "entry", "regs", "spill-st", "spill-ld", "stack", "smem", "arrive"
     );
     for (spec, r) in &results {
         match r {
@@ -65,16 +68,22 @@ fn resources(args: &KernelsArgs, specs: &[crate::variants::KernelSpec]) -> Resul
                 for e in entries {
                     let spills = e.spill_stores + e.spill_loads > 0;
                     spilling += usize::from(spills);
+                    serialized += usize::from(e.wgmma_serialized.is_some());
                     println!(
-                        "{:<24} {:>5} {:>8} {:>8} {:>6} {:>7}  {}{}",
+                        "{:<24} {:>5} {:>8} {:>8} {:>6} {:>7} {:>6}  {}{}{}",
                         e.entry,
                         e.registers,
                         e.spill_stores,
                         e.spill_loads,
                         e.stack_bytes,
                         e.smem_bytes,
+                        e.arrives_injected,
                         spec.label(),
-                        if spills { "  SPILLS" } else { "" }
+                        if spills { "  SPILLS" } else { "" },
+                        e.wgmma_serialized
+                            .as_deref()
+                            .map(|r| format!("  WGMMA SERIALIZED ({r})"))
+                            .unwrap_or_default()
                     );
                 }
             }
@@ -85,9 +94,10 @@ fn resources(args: &KernelsArgs, specs: &[crate::variants::KernelSpec]) -> Resul
         }
     }
     println!(
-        "{} configurations, {} entry points spill; bytes are per thread (stack, spills) and per block (smem, static only)",
+        "{} configurations, {} entry points spill, {} serialise their wgmmas; bytes are per thread (stack, spills) and per block (smem, static only)",
         results.len(),
-        spilling
+        spilling,
+        serialized
     );
     Ok(if failed > 0 { exit::CHECK_FAILED } else { exit::OK })
 }

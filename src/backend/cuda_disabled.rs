@@ -70,6 +70,8 @@ pub struct EntryResources {
     pub stack_bytes: u32,
     pub smem_bytes: u32,
     pub barriers: u32,
+    pub arrives_injected: u32,
+    pub wgmma_serialized: Option<String>,
 }
 
 pub fn resources_all(_kernels_dir: &Path, _specs: &[KernelSpec], _arch: &str) -> Result<ResourceResults, EnvError> {
