@@ -64,7 +64,10 @@ pub fn resolve_cases(
     }
     let expanded = cases.len();
     cases.retain(|c| {
-        (case_filter.is_empty() || case_filter.iter().any(|f| crate::case::filter_matches(f, &c.id)))
+        (case_filter.is_empty()
+            || case_filter
+                .iter()
+                .any(|f| crate::case::filter_matches(f, &c.id, &c.data_id)))
             && (variant_filter.is_empty() || variant_filter.contains(&c.variant))
     });
     if cases.is_empty() {
@@ -72,7 +75,7 @@ pub fn resolve_cases(
             (_, _, 0) => "the scenarios expand to no case (every combination was impossible)".to_string(),
             (true, true, _) => "no case to run".to_string(),
             _ => format!(
-                "no case matches the given {}; `mlabench plan SCENARIO` lists every case id (`--case =ID` matches one exactly)",
+                "no case matches the given {}; `mlabench plan SCENARIO` lists every input's data id and its variants' knobs (`--case =ID` matches one case id or every case of one data id)",
                 match (case_filter.is_empty(), variant_filter.is_empty()) {
                     (false, false) => "--case and --variant filters",
                     (false, true) => "--case filter",
@@ -327,4 +330,30 @@ fn start_workers(cases: &[Case], pool: &mut crate::backend::worker::WorkerPool) 
         ));
     }
     Ok(lines)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_exact_data_id_selects_every_case_on_that_input() {
+        // `plan` prints `== shape@digest` over each input's variants, so
+        // that line pasted after `=` must select them.
+        let smoke = [PathBuf::from("scenarios/smoke.toml")];
+        let (all, _) = resolve_cases(&smoke, &[], &[], &[]).unwrap();
+        let data_id = all.iter().find(|c| c.variant.0 == "page64").unwrap().data_id.clone();
+        let on_input = all.iter().filter(|c| c.data_id == data_id).count();
+        assert!(on_input >= 2, "ps1 and page64 share an MLA input");
+        let filter = [format!("={data_id}")];
+        let (cases, _) = resolve_cases(&smoke, &filter, &[], &[]).unwrap();
+        assert_eq!(cases.len(), on_input);
+        assert!(cases.iter().all(|c| c.data_id == data_id));
+        let page64 = "page64".parse::<VariantId>().unwrap();
+        let (one, _) = resolve_cases(&smoke, &filter, &[page64], &[]).unwrap();
+        assert_eq!(one.len(), 1);
+        // A case id still matches only itself.
+        let (exact, _) = resolve_cases(&smoke, &[format!("={}", one[0].id)], &[], &[]).unwrap();
+        assert_eq!(exact.len(), 1);
+    }
 }
