@@ -459,13 +459,11 @@ pub fn compose_id(data_id: &str, knobs: &str) -> String {
     }
 }
 
-/// Whether a `--case` filter selects a case: `=ID` matches its id exactly
-/// (what repro commands use) or its data id, the `== shape@digest` line
-/// `mlabench plan` prints over the variants of one input; anything else
-/// matches the id as a substring.
-pub fn filter_matches(filter: &str, id: &str, data_id: &str) -> bool {
+/// Whether a `--case` filter selects an id: `=ID` matches exactly (what
+/// repro commands use), anything else as a substring.
+pub fn filter_matches(filter: &str, id: &str) -> bool {
     match filter.strip_prefix('=') {
-        Some(exact) => id == exact || data_id == exact,
+        Some(exact) => id == exact,
         None => id.contains(filter),
     }
 }

@@ -63,11 +63,20 @@ pub fn resolve_cases(
         cases.extend(ex.cases);
     }
     let expanded = cases.len();
+    // `=X` that is no case id but a data id (the `== shape@digest` line of
+    // `mlabench plan`) selects every case on that input. A case id that is
+    // also a data id (a V4 row with no knobs) keeps matching itself alone,
+    // so a repro command reruns exactly its row.
+    let by_data: Vec<Option<&str>> = case_filter
+        .iter()
+        .map(|f| f.strip_prefix('=').filter(|x| !cases.iter().any(|c| c.id == *x)))
+        .collect();
     cases.retain(|c| {
         (case_filter.is_empty()
             || case_filter
                 .iter()
-                .any(|f| crate::case::filter_matches(f, &c.id, &c.data_id)))
+                .zip(&by_data)
+                .any(|(f, d)| crate::case::filter_matches(f, &c.id) || *d == Some(c.data_id.as_str())))
             && (variant_filter.is_empty() || variant_filter.contains(&c.variant))
     });
     if cases.is_empty() {
@@ -337,7 +346,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_exact_data_id_selects_every_case_on_that_input() {
+    fn an_exact_data_id_selects_every_case_on_that_input_and_an_exact_case_id_itself() {
         // `plan` prints `== shape@digest` over each input's variants, so
         // that line pasted after `=` must select them.
         let smoke = [PathBuf::from("scenarios/smoke.toml")];
@@ -352,8 +361,16 @@ mod tests {
         let page64 = "page64".parse::<VariantId>().unwrap();
         let (one, _) = resolve_cases(&smoke, &filter, &[page64], &[]).unwrap();
         assert_eq!(one.len(), 1);
-        // A case id still matches only itself.
+        // A case id still matches only itself, also where it is the data
+        // id of other cases (a V4 row with no knobs beside its fixed splits).
         let (exact, _) = resolve_cases(&smoke, &[format!("={}", one[0].id)], &[], &[]).unwrap();
         assert_eq!(exact.len(), 1);
+        let bare = all
+            .iter()
+            .find(|c| c.id == c.data_id && all.iter().filter(|o| o.data_id == c.data_id).count() > 1)
+            .expect("a smoke case whose id is its siblings' data id");
+        let (exact, _) = resolve_cases(&smoke, &[format!("={}", bare.id)], &[], &[]).unwrap();
+        assert_eq!(exact.len(), all.iter().filter(|c| c.id == bare.id).count());
+        assert!(exact.iter().all(|c| c.id == bare.id), "none of its siblings' knob ids");
     }
 }
