@@ -120,23 +120,25 @@ fn judge(
     let (Some(ctrl), Some(cand)) = (ctrl, cand) else {
         return row;
     };
-    if !ctrl.iter().any(broken) && cand.iter().any(broken) {
+    // A broken candidate's times are still shown: a diagnostic copy that
+    // leaves a stage out (docs/profiling.md) fails its checks by design and
+    // is read for its time alone. It is never judged faster or slower, and
+    // the geomean leaves it out.
+    let broke = !ctrl.iter().any(broken) && cand.iter().any(broken);
+    if let Some((cm, dm, cs, ds)) = pooled(&ctrl, &cand, mixed_clocks) {
+        row.control_ms = Some(cm);
+        row.candidate_ms = Some(dm);
+        row.ratio = Some(dm / cm);
+        row.control_spread = Some(cs);
+        row.candidate_spread = Some(ds);
+    }
+    if broke {
         row.verdict = AbVerdict::Broke;
         return row;
     }
-    let (Some(cc), Some(dc)) = (one_clock(&ctrl), one_clock(&cand)) else {
+    let (Some(ratio), Some(cs), Some(ds)) = (row.ratio, row.control_spread, row.candidate_spread) else {
         return row;
     };
-    if cc != dc && !mixed_clocks {
-        return row;
-    }
-    let times = |side: &[Entry]| -> Option<Vec<f64>> { side.iter().map(|e| e.timing.map(|t| t.median)).collect() };
-    let (Some(mut ct), Some(mut dt)) = (times(&ctrl), times(&cand)) else {
-        return row;
-    };
-    let (cs, ds) = (spread(&ct), spread(&dt));
-    let (cm, dm) = (median(&mut ct), median(&mut dt));
-    let ratio = dm / cm;
     let noise = threshold.max(cs).max(ds);
     row.verdict = if ratio > 1.0 + noise {
         AbVerdict::Slower
@@ -145,12 +147,21 @@ fn judge(
     } else {
         AbVerdict::Same
     };
-    row.control_ms = Some(cm);
-    row.candidate_ms = Some(dm);
-    row.ratio = Some(ratio);
-    row.control_spread = Some(cs);
-    row.candidate_spread = Some(ds);
     row
+}
+
+/// Each side's median over its rounds and round-to-round spread, when every
+/// round is timed with one clock per side (and the same clock on both,
+/// unless `mixed_clocks`).
+fn pooled(ctrl: &[Entry], cand: &[Entry], mixed_clocks: bool) -> Option<(f64, f64, f64, f64)> {
+    let (cc, dc) = (one_clock(ctrl)?, one_clock(cand)?);
+    if cc != dc && !mixed_clocks {
+        return None;
+    }
+    let times = |side: &[Entry]| -> Option<Vec<f64>> { side.iter().map(|e| e.timing.map(|t| t.median)).collect() };
+    let (mut ct, mut dt) = (times(ctrl)?, times(cand)?);
+    let (cs, ds) = (spread(&ct), spread(&dt));
+    Some((median(&mut ct), median(&mut dt), cs, ds))
 }
 
 /// The clock every entry of one side was timed with, if they share one.
@@ -179,9 +190,14 @@ pub fn clock_mismatch(control: &[Vec<Entry>], candidate: &[Vec<Entry>]) -> Optio
     }
 }
 
-/// Geometric mean of the ratios of the rows with one.
+/// Geometric mean of the ratios of the judged rows (a broken candidate's
+/// time is shown, not counted).
 pub fn geomean(rows: &[AbRow]) -> Option<f64> {
-    crate::stats::geomean(rows.iter().filter_map(|r| r.ratio))
+    crate::stats::geomean(
+        rows.iter()
+            .filter(|r| r.verdict != AbVerdict::Broke)
+            .filter_map(|r| r.ratio),
+    )
 }
 
 #[cfg(test)]
@@ -262,12 +278,15 @@ mod tests {
             e("was-broken", "fail", Some(1.0)),
         ]];
         let cand = vec![vec![
-            e("ok", "fail", Some(1.0)),
+            e("ok", "fail", Some(0.5)),
             e("quiet", "pass", None),
             e("was-broken", "fail", Some(1.0)),
         ]];
         let rows = ab(&control, &cand, 0.05, false);
         assert_eq!(verdict(&rows, "ok"), AbVerdict::Broke);
+        // Its time is shown (a diagnostic build is read that way), but the
+        // geomean below is of the judged rows alone.
+        assert_eq!(rows.iter().find(|r| r.case_id == "ok").unwrap().ratio, Some(0.5));
         assert_eq!(verdict(&rows, "gone"), AbVerdict::Incomplete);
         assert_eq!(verdict(&rows, "quiet"), AbVerdict::Incomplete);
         assert_eq!(verdict(&rows, "was-broken"), AbVerdict::Same);
