@@ -68,10 +68,11 @@ extern "C" __global__ void __launch_bounds__(wg::THREADS, 1)
   ps.t0 = t0;
   ps.t_end = max(t0, rw.lim(ps.nrows - 1));
   ps.idx = kv_indices + p0;
-  // L2 prefetch of the next pair: fp8, or bf16 where more than two row
-  // blocks share the split's KV (measured with the TMA copies: H96 s_q 4/8
-  // faster with it, H128 s_q 1 (two row blocks) faster without; docs/kernels.md).
-  ps.prefetch = KV_FP8 || gridDim.x > 2;
+  // L2 prefetch of the next pair: fp8, or bf16 where row blocks share the
+  // split's KV, each pair by one of them (docs/kernels.md, "L2 prefetch").
+  ps.prefetch = KV_FP8 || gridDim.x > 1;
+  ps.pf_n = (rows + wg::BM - 1) / wg::BM;
+  ps.pf_k = rb;
 #if WG_TMA
   ps.pages = &pages;
 #endif

@@ -69,6 +69,8 @@ extern "C" __global__ void __launch_bounds__(wg::THREADS, 1)
     ps.t_end = max(kv_start, rw.lim(ps.nrows - 1));  // limits grow with the row
     ps.idx = kv_indices + kv_indptr[b];
     ps.prefetch = KV_FP8 || n_rb > 1;  // fp8, or several row blocks sharing the item's KV
+    ps.pf_n = (rows + wg::BM - 1) / wg::BM;
+    ps.pf_k = rb;
     return true;
   };
   if (wg::warpgroup() == 2) {

@@ -158,6 +158,7 @@ struct Pass {
   int t0, t_end;     // tokens streamed
   const int* idx;    // the sequence's pool entries (token rows or pages)
   bool prefetch;     // pull each next pair into L2 (prefetch_pair)
+  int pf_n = 1, pf_k = 0;  // pf_n row blocks share this KV; this one prefetches pairs pf_k + i * pf_n
   const void* pages = nullptr;  // WG_TMA: the pool's tensor map (a kernel parameter)
 };
 
@@ -192,13 +193,15 @@ __device__ __forceinline__ void prefetch_lines(const unsigned char* p) {
 // Pulls pair pr's KV rows into L2, one row per producer thread (p = 0..127
 // is the token of the pair): issued a pair ahead, a refill then waits on an
 // L2 hit instead of DRAM, and the prefetch holds no registers or buffer.
+// Of the row blocks that read the same KV, one prefetches each pair: when
+// all did, the redundant requests kept the L2 86% busy at H96 s_q 8.
 // The caller turns it off where one row block streams its KV alone at
 // bf16: there the core runs near the memory bandwidth and the prefetch
 // measured slower (docs/kernels.md).
 template <int PAGE>
 __device__ __forceinline__ void prefetch_pair(const Pass& ps, int pr, int p, const unsigned char* __restrict__ kv) {
   const int t = ps.t0 + 2 * pr * BN + p;
-  if (!ps.prefetch || t >= ps.t_end) return;
+  if (!ps.prefetch || (ps.pf_n > 1 && pr % ps.pf_n != ps.pf_k) || t >= ps.t_end) return;
   const int e = PAGE == 1 ? __ldg(ps.idx + t) : __ldg(ps.idx + (t >> 6)) * 64 + (t & 63);
   const unsigned char* row = kv + static_cast<long long>(e) * ROW_BYTES;
   if (KV_FP8) {
