@@ -56,6 +56,6 @@ extern "C" __global__ void __launch_bounds__(wg::THREADS, 1)
   } else {
     wg::regs_inc<wg::CONSUMER_REGS>();
     const V4Rows rw{ps.t_end, sr.slot() * HK + h0};
-    wg::consume(base, ps, rw, ph, sm_scale * LOG2E, 1.f, true, nullptr, part_o, part_lse);
+    wg::consume<V4Rows, false, true>(base, ps, rw, ph, sm_scale * LOG2E, 1.f, true, nullptr, part_o, part_lse);
   }
 }

@@ -287,6 +287,9 @@ __device__ __forceinline__ void sts_f32(unsigned a, float v) {
 __device__ __forceinline__ void sts_u32(unsigned a, unsigned v) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a), "r"(v) : "memory");
 }
+__device__ __forceinline__ void sts_v2f(unsigned a, float x, float y) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(a), "f"(x), "f"(y) : "memory");
+}
 __device__ __forceinline__ void sts_v4(unsigned a, unsigned x, unsigned y, unsigned z, unsigned w) {
   asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(x), "r"(y), "r"(z), "r"(w) : "memory");
 }
@@ -794,7 +797,16 @@ struct Consumer {
 // (<= t0 for rows past nrows), `rows.o_row(r)` its output / LSE row; with
 // SINK, `rows.sink_log2(r)` (log2 domain, -inf: none) joins row r's
 // denominator and LSE as one more logit with a zero value (V4's sink).
-template <class Rows, bool SINK = false>
+// STAGE (a non-persistent kernel's f32 partials): the rows leave through
+// shared memory, 1 KB per row and warpgroup by bulk copy, instead of 4-byte
+// stores (ptxas splits the float2 stores: the accumulators are not register
+// pairs), which throttled the LSU in the epilogue. Rows are STAGE_ROW bytes
+// apart (8 words of bank offset a row: a warp's 8 rows cover the banks
+// twice, the least for 256 bytes). Q and both buffers are free by then.
+constexpr int STAGE_ROW = 1056;
+static_assert(2 * BM * STAGE_ROW <= 3 * TILE, "the staged rows fit in Q and the two buffers");
+
+template <class Rows, bool SINK = false, bool STAGE = false>
 __device__ void consume(unsigned base, const Pass& ps, const Rows& rows, Phase& ph,
                         float scale_log2, float out_scale, bool to_part, __nv_bfloat16* __restrict__ o,
                         float* __restrict__ part_o, float* __restrict__ lse) {
@@ -885,6 +897,32 @@ __device__ void consume(unsigned base, const Pass& ps, const Rows& rows, Phase& 
     }
     i0 = L0 > 0.f ? out_scale / L0 : 0.f;
     i1 = L1 > 0.f ? out_scale / L1 : 0.f;
+  }
+  if constexpr (STAGE) {
+    // After NB_L neither warpgroup has a wgmma in flight, and every tile
+    // has landed: Q and the buffers are free.
+    const unsigned st0 = base + (wgi * BM + r0) * STAGE_ROW + 8 * c, st1 = st0 + 8 * STAGE_ROW;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      const float* a = cs.acc + 4 * i;
+      sts_v2f(st0 + 32 * i, a[0] * i0, a[1] * i0);
+      sts_v2f(st1 + 32 * i, a[2] * i1, a[3] * i1);
+    }
+    fence_proxy_async();  // generic stores, read by the bulk copy through the async proxy
+    __syncwarp();
+    // Lane l < 16 copies the warp's row 16 warp + l: r0 of lane 4l, or r1 of lane 4(l - 8).
+    const int l = cs.lane & 15, src = 4 * (l & 7);
+    const long long oa = __shfl_sync(0xffffffffu, o0, src), ob = __shfl_sync(0xffffffffu, o1, src);
+    const int r = 16 * warp + l;
+    if (cs.lane < 16 && r < nrows) {
+      const float* dst = part_o + (l < 8 ? oa : ob) * D_V + 256 * wgi;
+      asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], 1024;\n" ::"l"(dst),
+                   "r"(base + (wgi * BM + r) * STAGE_ROW)
+                   : "memory");
+      asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+      asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // the rows stay until read
+    }
+    return;
   }
   const int d0 = 256 * wgi + 2 * c;
 #pragma unroll
