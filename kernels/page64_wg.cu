@@ -68,11 +68,12 @@ extern "C" __global__ void __launch_bounds__(wg::THREADS, 1)
   ps.t0 = t0;
   ps.t_end = max(t0, rw.lim(ps.nrows - 1));
   ps.idx = kv_indices + p0;
-  // L2 prefetch of the next pair: fp8, or bf16 where row blocks share the
-  // split's KV, each pair by one of them (docs/kernels.md, "L2 prefetch").
-  ps.prefetch = KV_FP8 || gridDim.x > 1;
+  // L2 prefetch of the next pair: fp8, or bf16 where this sequence's row
+  // blocks share the split's KV, each pair by one of them (docs/kernels.md,
+  // "L2 prefetch").
   ps.pf_n = (rows + wg::BM - 1) / wg::BM;
   ps.pf_k = rb;
+  ps.prefetch = KV_FP8 || ps.pf_n > 1;
 #if WG_TMA
   ps.pages = &pages;
 #endif

@@ -228,6 +228,11 @@ __device__ __forceinline__ int n_pairs(const Pass& ps) {
   return n > 0 ? (n + 2 * BN - 1) / (2 * BN) : 0;
 }
 
+// Whether the tile at token tb (a multiple of 64 on page64) comes by TMA:
+// with WG_TMA, one whole page in range. The producer copies by this rule and
+// the consumers fence the other tiles' cp.async bytes by it.
+__device__ __forceinline__ bool by_tma(int tb, int t_end) { return WG_TMA && tb + BN <= t_end; }
+
 // The warpgroup index, through a shuffle so the compiler knows it is
 // warp-uniform: wgmma behind a branch it thinks divergent gets serialised.
 __device__ __forceinline__ int warpgroup() { return __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x >> 7), 0); }
@@ -325,7 +330,7 @@ __device__ void produce(unsigned base, const Pass& ps, Phase& ph, const unsigned
       const int b = step & 1, g = step >> 1;
       const int tb = ps.t0 + (2 * pr + b) * BN;
       const unsigned buf = base + OFF_BUF + b * TILE;
-      if (WG_TMA && tb + BN <= ps.t_end) {  // one whole page (tb is a multiple of 64)
+      if (by_tma(tb, ps.t_end)) {
         const int row0 = p == 0 ? __ldg(ps.idx + (tb >> 6)) * BN : 0;
         mbar_wait(empty_bar(bars, b, g), (ph.pairs & 1) ^ 1);
 #pragma unroll
@@ -675,9 +680,8 @@ struct Consumer {
   unsigned pa[4][4];
   float l0, l1;
 
-  // Whether the tile at tb came by cp.async (the producer's rule: with
-  // WG_TMA a tile that is one whole page in range comes by TMA).
-  __device__ __forceinline__ bool cp_tile(int tb) const { return !WG_TMA || tb + BN > t_end; }
+  // Whether the tile at tb came by cp.async (the producer's rule, by_tma).
+  __device__ __forceinline__ bool cp_tile(int tb) const { return !by_tma(tb, t_end); }
 
   // This warpgroup's softmax inputs: S masked, row maxima in the exp2 domain.
   __device__ __forceinline__ void maxima(int tb, float& mx0, float& mx1) {
@@ -810,6 +814,9 @@ template <class Rows, bool SINK = false, bool STAGE = false>
 __device__ void consume(unsigned base, const Pass& ps, const Rows& rows, Phase& ph,
                         float scale_log2, float out_scale, bool to_part, __nv_bfloat16* __restrict__ o,
                         float* __restrict__ part_o, float* __restrict__ lse) {
+  if constexpr (STAGE) {
+    if (!to_part) __trap();  // the staged rows are f32 partials
+  }
   const int wgi = warpgroup();
   const int t = threadIdx.x & 127, warp = t >> 5;
   Consumer cs;
