@@ -140,13 +140,14 @@ __device__ __forceinline__ unsigned long long desc_v(unsigned addr) {
 // P0 V0R (block 8 holds P0). Buffer 1: V1R (4-7) by WG1's P1 V1R, then 0-3
 // and 8 (P1) by WG0's P1 V1L.
 constexpr int GROUP_A = 4;  // blocks in the first group
-// V4: WG1 multiplies P0 V0R before P1 V1R, so buffer 0 (WG0's next S0, which
-// the next pair's softmax waits on) is refilled first, and the producer
-// refills 0A, 0B, 1A, 1B; WG1's next S1 has WG0's softmax as slack. MLA keeps
-// P1 V1R first (0A, 1A, 0B, 1B): measured, the V4 order made hca_persist's
-// long 128-head lists 4.7-8.5% faster and MLA's H96 s_q 8 page64 2-3% slower
+// e4m3 (V4 and MLA fp8): WG1 multiplies P0 V0R before P1 V1R, so buffer 0
+// (WG0's next S0, which the next pair's softmax waits on) is refilled first,
+// and the producer refills 0A, 0B, 1A, 1B; WG1's next S1 has WG0's softmax
+// as slack. bf16 keeps P1 V1R first (0A, 1A, 0B, 1B): measured, this order
+// made hca_persist's long 128-head lists 4.7-8.5% and MLA fp8's page64 rows
+// 2.0-2.9% faster, MLA bf16's H96 s_q 8 page64 2-3% slower
 // (docs/kernels.md).
-constexpr bool V0R_FIRST = WG_V4;
+constexpr bool V0R_FIRST = KV_FP8;
 __host__ __device__ constexpr int block_at(int b, int i) { return b == 0 || i == 8 ? i : (i < 4 ? i + 4 : i - 4); }
 __device__ __forceinline__ unsigned empty_bar(unsigned bars, int b, int g) { return bars + 8 * (BAR_EMPTY + 2 * b + g); }
 
@@ -461,12 +462,12 @@ __device__ void produce(unsigned base, const Pass& ps, Phase& ph, const unsigned
   const int np = n_pairs(ps);
   for (int pr = 0; pr < np; ++pr, ++ph.pairs) {
     prefetch_pair<PAGE>(ps, pr + 1, p, kv);
-    // In the order the consumers free them: 0A, 1A, 0B, 1B. A loop, not
-    // unrolled: fewer instructions for the instruction cache to hold beside
-    // the consumers' loop (docs/kernels.md).
+    // In the order the consumers free them (V0R_FIRST): 0A, 0B, 1A, 1B. A
+    // loop, not unrolled: fewer instructions for the instruction cache to
+    // hold beside the consumers' loop (docs/kernels.md).
 #pragma unroll 1
     for (int step = 0; step < 4; ++step) {
-      const int b = step & 1, g = step >> 1;
+      const int b = step >> 1, g = step & 1;
       int e[4];
       tile_rows<PAGE>(ps, ps.t0 + (2 * pr + b) * BN, tg, e);
       // Group A of buffer 0 and group B of buffer 1 are blocks 0-3 (lines
