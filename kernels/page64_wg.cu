@@ -1,10 +1,12 @@
 // page64 on the compute-bound core (common/mla_wg.cuh): non-persistent MLA
 // decode, page size 64, bottom-right mask on local positions, the SPEC's
 // split rule; f32 partials + page64_merge, for rows = HK x s_q >= 64, bf16 or fp8.
-// bf16 pages come by TMA (the last parameter, a tensor map of the pool).
+// bf16 pages come by TMA (the last parameter, a tensor map of the pool),
+// issued by the consumers: no producer warpgroup (WG_SELF).
 // ABI: kernels/ABI.md. Defines: HK, KV_FP8 (0 bf16, 1 e4m3).
 #if !KV_FP8
 #define WG_TMA 1
+#define WG_SELF 1
 #endif
 #include "common/mla_wg.cuh"
 #include "common/page64_merge.cuh"
@@ -80,9 +82,11 @@ extern "C" __global__ void __launch_bounds__(wg::THREADS, 1)
   wg::Phase ph;
   if (wg::warpgroup() == 2) {
     wg::regs_dec<wg::PRODUCER_REGS>();
+#if !WG_SELF
     wg::produce<64>(base, ps, ph, q, kv);
+#endif
   } else {
     wg::regs_inc<wg::CONSUMER_REGS>();
-    wg::consume(base, ps, rw, ph, scale_log2, kv_scale, to_part, o, part_o, to_part ? part_lse : lse);
+    wg::consume(base, ps, rw, ph, scale_log2, kv_scale, to_part, o, part_o, to_part ? part_lse : lse, q, kv);
   }
 }

@@ -11,6 +11,10 @@ __device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
 __device__ __forceinline__ void mbar_arrive(unsigned bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
+// `n` arrivals at once (a thread that stands for the warps that copy nothing).
+__device__ __forceinline__ void mbar_arrive_n(unsigned bar, unsigned n) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(n) : "memory");
+}
 // Arrives once every earlier cp.async of this thread has landed; the count
 // given to mbar_init includes this arrival (noinc).
 __device__ __forceinline__ void mbar_arrive_cp_async(unsigned bar) {

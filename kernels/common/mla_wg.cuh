@@ -25,7 +25,9 @@
 // wgmma reads them, and completes them on mbarriers (common/mbarrier.cuh):
 // consumers never wait on their own loads, and a freed buffer is refilled
 // while the other is computed. setmaxnreg moves registers from the
-// producer to the consumers.
+// producer to the consumers. WG_SELF (page64, bf16): the producer leaves at
+// once and each consumer warpgroup refills by TMA the groups it frees
+// (refill), as FlashMLA's warpgroups do.
 //
 // fp8 (a8w8): Q and KV are e4m3 in memory. The producer loads them into
 // registers before the buffer is free, converts them to f16 (every e4m3
@@ -50,7 +52,8 @@
 //
 // Defines: HK (kernel heads), KV_FP8 (0: bf16 Q and KV; 1: e4m3), WG_V4
 // (optional, 1: V4 native rows), WG_PAIR (optional, 1: 2-CTA clusters),
-// WG_TMA (optional, 1: whole 64-token pages by TMA).
+// WG_TMA (optional, 1: whole 64-token pages by TMA), WG_SELF (optional,
+// with WG_TMA: the consumers refill the buffers, one pass a CTA).
 #pragma once
 #include <cuda_bf16.h>
 
@@ -74,6 +77,12 @@
 #endif
 #if WG_TMA && KV_FP8
 #error "WG_TMA copies bf16 pages: the e4m3 producer converts through registers"
+#endif
+#ifndef WG_SELF
+#define WG_SELF 0
+#endif
+#if WG_SELF && !WG_TMA
+#error "WG_SELF refills whole pages by TMA: define WG_TMA=1"
 #endif
 // f16 operands for MLA's e4m3 (exact, one conversion); V4's tile scales
 // need bf16's exponent range.
@@ -366,6 +375,68 @@ __device__ void produce(unsigned base, const Pass& ps, Phase& ph, const unsigned
   }
   ++ph.items;
 }
+
+#if WG_SELF
+// WG_SELF (page64, bf16): no producer warpgroup. The warpgroup that frees a
+// group of blocks refills it for the next pair, as FlashMLA's decode does,
+// so no hand-off to a producer sits between a free and its refill, and four
+// fewer warps share each SM's instruction cache. A whole page comes by TMA
+// from thread 0 once all four warps freed the group (its empty barrier); a
+// tile past the range by cp.async from all 128 threads after a warpgroup
+// barrier. `page`: the tile's pool page (thread 0; a TMA tile only).
+constexpr int NB_WG = 6;  // + warpgroup index: a barrier of its 128 threads
+__device__ __forceinline__ void refill(unsigned base, const Pass& ps, const unsigned char* __restrict__ kv, int tb,
+                                       int b, int g, unsigned parity, int page, int t, int wgi) {
+  const unsigned bars = base + OFF_BAR, buf = base + OFF_BUF + b * TILE;
+  if (by_tma(tb, ps.t_end)) {
+    if (t == 0) {
+      mbar_wait(empty_bar(bars, b, g), parity);
+#pragma unroll
+      for (int i = g ? GROUP_A : 0; i < (g ? NCB : GROUP_A); ++i) {
+        const int c = block_at(b, i);
+        const unsigned full = bars + 8 * (BAR_FULL + b * NCB + c);
+        mbar_arrive_expect_tx(full, CB);
+        mbar_arrive_n(full, 127);  // the barrier counts 128 arrivals on either path
+        tma_tile(buf + c * CB, ps.pages, c * 64, page * BN, full);
+      }
+    }
+    return;
+  }
+  const int l8 = t & 7, tg = t >> 3;
+  int e[4];
+  tile_rows<64>(ps, tb, tg, e);
+  nbar_sync(NB_WG + wgi, 128);
+#pragma unroll
+  for (int i = g ? GROUP_A : 0; i < (g ? NCB : GROUP_A); ++i) {
+    const int c = block_at(b, i);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int r = tg + 16 * k;
+      const unsigned char* src = kv + static_cast<long long>(max(e[k], 0)) * ROW_BYTES + c * 128 + l8 * 16;
+      cp_async16(buf + c * CB + r * 128 + ((l8 ^ (r & 7)) << 4), src, e[k] >= 0);
+    }
+    mbar_arrive_cp_async(bars + 8 * (BAR_FULL + b * NCB + c));
+  }
+}
+
+// The pool page of the tile at tb (0 past the range: never copied by TMA).
+__device__ __forceinline__ int page_at(const Pass& ps, int tb) { return tb < ps.t_end ? __ldg(ps.idx + (tb >> 6)) : 0; }
+
+// Q by cp.async from warpgroup 0 (BAR_QFULL counts its 128 arrivals).
+__device__ __forceinline__ void load_q(unsigned base, const Pass& ps, const unsigned char* __restrict__ q, int t) {
+  const int l8 = t & 7, tg = t >> 3;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int r = tg + 16 * k;
+    const bool ok = r < ps.nrows;
+    const unsigned char* src = q + (ps.q_row0 + (ok ? r : 0)) * ROW_BYTES + l8 * 16;
+    const unsigned dst = base + OFF_Q + r * 128 + ((l8 ^ (r & 7)) << 4);
+#pragma unroll
+    for (int c = 0; c < NCB; ++c) cp_async16(dst + c * CB, src + c * 128, ok);
+  }
+  mbar_arrive_cp_async(base + OFF_BAR + 8 * BAR_QFULL);
+}
+#endif
 
 #else
 // One 16-byte e4m3 chunk (16 dims) as f16 chunks ch and ch + 1 of row r's
@@ -680,6 +751,30 @@ struct Consumer {
   float s[32];
   unsigned pa[4][4];
   float l0, l1;
+#if WG_SELF
+  const Pass* ps;
+  const unsigned char* kv;
+  int t, wgi;
+  int pg0, pg1, nx0, nx1;  // thread 0: the pool pages of the next pair's tiles and of the pair after
+
+  // Thread 0: the pages of pair pr + 2, whose tiles start at tb2 and tb2 + BN.
+  __device__ __forceinline__ void load_pages(int tb2) {
+    if (t == 0) {
+      nx0 = page_at(*ps, tb2);
+      nx1 = page_at(*ps, tb2 + BN);
+    }
+  }
+  // Thread 0: pulls page `page` (tile tb of pair pr) into L2 a pair before
+  // its copy, where this row block prefetches that pair (prefetch_pair's rule).
+  __device__ __forceinline__ void prefetch_page(int pr, int tb, int page) const {
+    if (t != 0 || !ps->prefetch || (ps->pf_n > 1 && pr % ps->pf_n != ps->pf_k) || tb >= ps->t_end) return;
+    const unsigned char* row = kv + static_cast<long long>(page) * BN * ROW_BYTES;
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(row + k * 16 * ROW_BYTES), "n"(16 * ROW_BYTES)
+                   : "memory");
+  }
+#endif
 
   // Whether the tile at tb came by cp.async (the producer's rule, by_tma).
   __device__ __forceinline__ bool cp_tile(int tb) const { return !by_tma(tb, t_end); }
@@ -696,6 +791,9 @@ struct Consumer {
   template <bool MORE>
   __device__ __forceinline__ void pair0(int pr, int tb, unsigned next_parity) {
     float mx0, mx1, sum0, sum1;
+#if WG_SELF
+    if constexpr (MORE) load_pages(tb + 4 * BN);
+#endif
     maxima(tb, mx0, mx1);
     // The running max: none before the first pair, else WG1's of the last.
     const float mo0 = pr ? lds_f32(sm) : ninf(), mo1 = pr ? lds_f32(sm + 32) : ninf();
@@ -722,6 +820,12 @@ struct Consumer {
     nbar_arrive(NB_P0, CONSUMERS);
     wgmma_wait<0>();
     if (lane == 0) free_group(empty_bar(bars, 0, 0));  // V0L
+#if WG_SELF
+    if constexpr (MORE) {
+      refill(base, *ps, kv, tb + 2 * BN, 0, 0, next_parity ^ 1, pg0, t, 0);
+      prefetch_page(pr + 2, tb + 4 * BN, nx0);
+    }
+#endif
     nbar_sync(NB_P1, CONSUMERS);
     scale_rows(acc, g0, g1);
     l0 *= g0;
@@ -738,6 +842,11 @@ struct Consumer {
       qk<0, 0, GROUP_A>(s, base, next_parity, cp);
       wgmma_wait<1>();
       if (lane == 0) free_group(empty_bar(bars, 1, 1));  // V1L and P1
+#if WG_SELF
+      refill(base, *ps, kv, tb + 3 * BN, 1, 1, next_parity ^ 1, pg1, t, 0);
+      pg0 = nx0;
+      pg1 = nx1;
+#endif
       qk<0, GROUP_A, NCB>(s, base, next_parity, cp);
       wgmma_wait<0>();
     } else {
@@ -750,8 +859,11 @@ struct Consumer {
   // O_R = O_R * scale0 * scale1 + P1 V1R, P1 to WG0, O_R += (P0 scale1) V0R,
   // and with MORE the next pair's S1.
   template <bool MORE>
-  __device__ __forceinline__ void pair1(int tb, unsigned next_parity) {
+  __device__ __forceinline__ void pair1(int pr, int tb, unsigned next_parity) {
     float mx0, mx1, sum0, sum1;
+#if WG_SELF
+    if constexpr (MORE) load_pages(tb + 3 * BN);
+#endif
     maxima(tb, mx0, mx1);
     nbar_sync(NB_SCALE0, CONSUMERS);
     const float m00 = lds_f32(sm), m01 = lds_f32(sm + 32);
@@ -787,8 +899,21 @@ struct Consumer {
       wgmma_commit();
       wgmma_wait<1>();
       if (lane == 0) free_group(empty_bar(bars, 1, 0));  // V1R
+#if WG_SELF
+      if constexpr (MORE) {
+        refill(base, *ps, kv, tb + 2 * BN, 1, 0, next_parity ^ 1, pg1, t, 1);
+        prefetch_page(pr + 2, tb + 4 * BN, nx1);
+      }
+#endif
       wgmma_wait<0>();
       if (lane == 0) free_group(empty_bar(bars, 0, 1));  // V0R and P0
+#if WG_SELF
+      if constexpr (MORE) {
+        refill(base, *ps, kv, tb + BN, 0, 1, next_parity ^ 1, pg0, t, 1);
+        pg0 = nx0;
+        pg1 = nx1;
+      }
+#endif
     }
     if constexpr (MORE) {
       qk<1>(s, base, next_parity, cp_tile(tb + 2 * BN));
@@ -798,7 +923,8 @@ struct Consumer {
 };
 
 // Consumers (warpgroups 0 and 1): the seesaw over the pass's pairs, then
-// this warpgroup's 256 output dims. `rows.lim(r)` is row r's token limit
+// this warpgroup's 256 output dims (WG_SELF: loading Q and KV from `q` and
+// `kv` themselves). `rows.lim(r)` is row r's token limit
 // (<= t0 for rows past nrows), `rows.o_row(r)` its output / LSE row; with
 // SINK, `rows.sink_log2(r)` (log2 domain, -inf: none) joins row r's
 // denominator and LSE as one more logit with a zero value (V4's sink).
@@ -814,7 +940,8 @@ static_assert(2 * BM * STAGE_ROW <= 3 * TILE, "the staged rows fit in Q and the 
 template <class Rows, bool SINK = false, bool STAGE = false>
 __device__ void consume(unsigned base, const Pass& ps, const Rows& rows, Phase& ph,
                         float scale_log2, float out_scale, bool to_part, __nv_bfloat16* __restrict__ o,
-                        float* __restrict__ part_o, float* __restrict__ lse) {
+                        float* __restrict__ part_o, float* __restrict__ lse,
+                        const unsigned char* __restrict__ q = nullptr, const unsigned char* __restrict__ kv = nullptr) {
   if constexpr (STAGE) {
     if (!to_part) __trap();  // the staged rows are f32 partials
   }
@@ -853,6 +980,26 @@ __device__ void consume(unsigned base, const Pass& ps, const Rows& rows, Phase& 
     sk1 = rows.sink_log2(r1);
   }
 
+#if WG_SELF
+  // One pass a CTA (page64): Q and the first pair by the consumers, each
+  // warpgroup its own tile; the fresh empty barriers pass parity 1.
+  cs.ps = &ps;
+  cs.kv = kv;
+  cs.t = t;
+  cs.wgi = wgi;
+  cs.pg0 = cs.pg1 = cs.nx0 = cs.nx1 = 0;
+  if (wgi == 0) load_q(base, ps, q, t);
+  if (np > 0) {
+    const int tb = t0 + wgi * BN, pg = t == 0 ? page_at(ps, tb) : 0;
+    refill(base, ps, kv, tb, wgi, 0, 1, pg, t, wgi);
+    refill(base, ps, kv, tb, wgi, 1, 1, pg, t, wgi);
+    if (t == 0) {
+      cs.pg0 = page_at(ps, t0 + 2 * BN);
+      cs.pg1 = page_at(ps, t0 + 3 * BN);
+    }
+    cs.prefetch_page(1, t0 + (2 + wgi) * BN, wgi ? cs.pg1 : cs.pg0);
+  }
+#endif
   mbar_wait(bars + 8 * BAR_QFULL, ph.items & 1);
   fence_proxy_async();  // Q came (in part) by cp.async
   if (np > 0) {
@@ -866,8 +1013,8 @@ __device__ void consume(unsigned base, const Pass& ps, const Rows& rows, Phase& 
       for (int pr = 0; pr + 1 < np; ++pr) cs.pair0<true>(pr, t0 + 2 * pr * BN, (ph.pairs + pr + 1) & 1);
       cs.pair0<false>(np - 1, t0 + 2 * (np - 1) * BN, 0);
     } else {
-      for (int pr = 0; pr + 1 < np; ++pr) cs.pair1<true>(t0 + (2 * pr + 1) * BN, (ph.pairs + pr + 1) & 1);
-      cs.pair1<false>(t0 + (2 * np - 1) * BN, 0);
+      for (int pr = 0; pr + 1 < np; ++pr) cs.pair1<true>(pr, t0 + (2 * pr + 1) * BN, (ph.pairs + pr + 1) & 1);
+      cs.pair1<false>(np - 1, t0 + (2 * np - 1) * BN, 0);
     }
   }
   ph.pairs += np;
@@ -959,6 +1106,8 @@ __device__ __forceinline__ void regs_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 // fp8's producer holds a group of e4m3 lines (40 registers) while it waits.
+// WG_SELF keeps the split, although its producer warpgroup leaves at once:
+// 240 registers for the consumers measured the same as 216 (docs/kernels.md).
 constexpr int CONSUMER_REGS = KV_FP8 ? 208 : 216;
 constexpr int PRODUCER_REGS = KV_FP8 ? 88 : 72;
 // The CTA keeps the registers it was launched with (ptxas's 168 per thread
