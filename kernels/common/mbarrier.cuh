@@ -50,10 +50,6 @@ __device__ __forceinline__ void tma_tile(unsigned dst, const void* map, int x, i
       "l"(map), "r"(x), "r"(y), "r"(bar)
       : "memory");
 }
-// Pulls a tensor map into the descriptor cache before its first copy.
-__device__ __forceinline__ void tma_prefetch_map(const void* map) {
-  asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
-}
 
 // 2-CTA clusters (WG_PAIR). Both CTAs have the same layout, so a peer
 // address is the local one plus the distance of the two windows.

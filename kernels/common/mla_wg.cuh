@@ -46,14 +46,15 @@
 //
 // WG_TMA (page64, bf16): a tile that is one whole page in range is copied
 // by the tensor-memory accelerator, one instruction per column block from
-// one producer thread, instead of 4608 cp.async from the warpgroup; tiles
+// thread 0 of the consumer warpgroup that freed it (WG_SELF), instead of
+// 4608 cp.async from a warpgroup; tiles
 // that reach past the range keep cp.async, which zero-fills rows past the
 // end (a page's tail may hold anything, and P = 0 times NaN is NaN).
 //
 // Defines: HK (kernel heads), KV_FP8 (0: bf16 Q and KV; 1: e4m3), WG_V4
 // (optional, 1: V4 native rows), WG_PAIR (optional, 1: 2-CTA clusters),
-// WG_TMA (optional, 1: whole 64-token pages by TMA), WG_SELF (optional,
-// with WG_TMA: the consumers refill the buffers, one pass a CTA).
+// WG_TMA and WG_SELF (optional, both 1: whole 64-token pages by TMA, the
+// consumers refilling the buffers, one pass a CTA).
 #pragma once
 #include <cuda_bf16.h>
 
@@ -81,8 +82,8 @@
 #ifndef WG_SELF
 #define WG_SELF 0
 #endif
-#if WG_SELF && !WG_TMA
-#error "WG_SELF refills whole pages by TMA: define WG_TMA=1"
+#if WG_SELF != WG_TMA
+#error "whole pages by TMA are copied by the consumers: define WG_TMA and WG_SELF together"
 #endif
 // f16 operands for MLA's e4m3 (exact, one conversion); V4's tile scales
 // need bf16's exponent range.
@@ -239,7 +240,7 @@ __device__ __forceinline__ int n_pairs(const Pass& ps) {
 }
 
 // Whether the tile at token tb (a multiple of 64 on page64) comes by TMA:
-// with WG_TMA, one whole page in range. The producer copies by this rule and
+// with WG_TMA, one whole page in range. `refill` copies by this rule and
 // the consumers fence the other tiles' cp.async bytes by it.
 __device__ __forceinline__ bool by_tma(int tb, int t_end) { return WG_TMA && tb + BN <= t_end; }
 
@@ -310,17 +311,11 @@ __device__ __forceinline__ void sts_v4(unsigned a, unsigned x, unsigned y, unsig
 }
 
 #if !KV_FP8
-// Producer (warpgroup 2): Q, then both buffers of every pair. Thread p copies
-// 16-byte chunk p%8 of each 128-byte line for rows / tokens p/8 + 16k.
-template <int PAGE>
-__device__ void produce(unsigned base, const Pass& ps, Phase& ph, const unsigned char* __restrict__ q,
-                        const unsigned char* __restrict__ kv) {
-  const int p = threadIdx.x - 2 * 128;
-  const int l8 = p & 7, tg = p >> 3;
-  const unsigned bars = base + OFF_BAR;
-  if (WG_TMA && p == 0 && ph.items == 0) tma_prefetch_map(ps.pages);
-  prefetch_pair<PAGE>(ps, 0, p, kv);
-  mbar_wait(bars + 8 * BAR_QEMPTY, (ph.items & 1) ^ 1);
+// bf16 copies by cp.async from one warpgroup, thread p taking 16-byte chunk
+// l8 = p % 8 of each 128-byte line for rows / tokens tg + 16k, tg = p / 8.
+// Q (BAR_QFULL counts the 128 arrivals):
+__device__ __forceinline__ void cp_q(unsigned base, const Pass& ps, const unsigned char* __restrict__ q, int l8,
+                                     int tg) {
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     const int r = tg + 16 * k;
@@ -330,7 +325,37 @@ __device__ void produce(unsigned base, const Pass& ps, Phase& ph, const unsigned
 #pragma unroll
     for (int c = 0; c < NCB; ++c) cp_async16(dst + c * CB, src + c * 128, ok);
   }
-  mbar_arrive_cp_async(bars + 8 * BAR_QFULL);
+  mbar_arrive_cp_async(base + OFF_BAR + 8 * BAR_QFULL);
+}
+// Group g of buffer b from pool rows e (-1: zeros), each block completing
+// on its full barrier.
+__device__ __forceinline__ void cp_group(unsigned base, const unsigned char* __restrict__ kv, int b, int g,
+                                         const int (&e)[4], int l8, int tg) {
+  const unsigned bars = base + OFF_BAR, buf = base + OFF_BUF + b * TILE;
+#pragma unroll
+  for (int i = g ? GROUP_A : 0; i < (g ? NCB : GROUP_A); ++i) {
+    const int c = block_at(b, i);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int t = tg + 16 * k;
+      const unsigned char* src = kv + static_cast<long long>(max(e[k], 0)) * ROW_BYTES + c * 128 + l8 * 16;
+      cp_async16(buf + c * CB + t * 128 + ((l8 ^ (t & 7)) << 4), src, e[k] >= 0);
+    }
+    mbar_arrive_cp_async(bars + 8 * (BAR_FULL + b * NCB + c));
+  }
+}
+
+// Producer (warpgroup 2): Q, then both buffers of every pair, by cp.async
+// (WG_TMA's whole pages are copied by the consumers, `refill`).
+template <int PAGE>
+__device__ void produce(unsigned base, const Pass& ps, Phase& ph, const unsigned char* __restrict__ q,
+                        const unsigned char* __restrict__ kv) {
+  const int p = threadIdx.x - 2 * 128;
+  const int l8 = p & 7, tg = p >> 3;
+  const unsigned bars = base + OFF_BAR;
+  prefetch_pair<PAGE>(ps, 0, p, kv);
+  mbar_wait(bars + 8 * BAR_QEMPTY, (ph.items & 1) ^ 1);
+  cp_q(base, ps, q, l8, tg);
   const int np = n_pairs(ps);
   for (int pr = 0; pr < np; ++pr, ++ph.pairs) {
     prefetch_pair<PAGE>(ps, pr + 1, p, kv);
@@ -339,38 +364,11 @@ __device__ void produce(unsigned base, const Pass& ps, Phase& ph, const unsigned
     for (int step = 0; step < 4; ++step) {
       const int b = step & 1, g = step >> 1;
       const int tb = ps.t0 + (2 * pr + b) * BN;
-      const unsigned buf = base + OFF_BUF + b * TILE;
-      if (by_tma(tb, ps.t_end)) {
-        const int row0 = p == 0 ? __ldg(ps.idx + (tb >> 6)) * BN : 0;
-        mbar_wait(empty_bar(bars, b, g), (ph.pairs & 1) ^ 1);
-#pragma unroll
-        for (int i = g ? GROUP_A : 0; i < (g ? NCB : GROUP_A); ++i) {
-          const int c = block_at(b, i);
-          const unsigned full = bars + 8 * (BAR_FULL + b * NCB + c);
-          if (p == 0) {
-            mbar_arrive_expect_tx(full, CB);
-            tma_tile(buf + c * CB, ps.pages, c * 64, row0, full);
-          } else {
-            mbar_arrive(full);  // the barrier counts 128 arrivals either way
-          }
-        }
-        continue;
-      }
       // Read before the wait; the second group reads them again from L1.
       int e[4];
       tile_rows<PAGE>(ps, tb, tg, e);
       mbar_wait(empty_bar(bars, b, g), (ph.pairs & 1) ^ 1);
-#pragma unroll
-      for (int i = g ? GROUP_A : 0; i < (g ? NCB : GROUP_A); ++i) {
-        const int c = block_at(b, i);
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const int t = tg + 16 * k;
-          const unsigned char* src = kv + static_cast<long long>(max(e[k], 0)) * ROW_BYTES + c * 128 + l8 * 16;
-          cp_async16(buf + c * CB + t * 128 + ((l8 ^ (t & 7)) << 4), src, e[k] >= 0);
-        }
-        mbar_arrive_cp_async(bars + 8 * (BAR_FULL + b * NCB + c));
-      }
+      cp_group(base, kv, b, g, e, l8, tg);
     }
   }
   ++ph.items;
@@ -406,36 +404,11 @@ __device__ __forceinline__ void refill(unsigned base, const Pass& ps, const unsi
   int e[4];
   tile_rows<64>(ps, tb, tg, e);
   nbar_sync(NB_WG + wgi, 128);
-#pragma unroll
-  for (int i = g ? GROUP_A : 0; i < (g ? NCB : GROUP_A); ++i) {
-    const int c = block_at(b, i);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int r = tg + 16 * k;
-      const unsigned char* src = kv + static_cast<long long>(max(e[k], 0)) * ROW_BYTES + c * 128 + l8 * 16;
-      cp_async16(buf + c * CB + r * 128 + ((l8 ^ (r & 7)) << 4), src, e[k] >= 0);
-    }
-    mbar_arrive_cp_async(bars + 8 * (BAR_FULL + b * NCB + c));
-  }
+  cp_group(base, kv, b, g, e, l8, tg);
 }
 
 // The pool page of the tile at tb (0 past the range: never copied by TMA).
 __device__ __forceinline__ int page_at(const Pass& ps, int tb) { return tb < ps.t_end ? __ldg(ps.idx + (tb >> 6)) : 0; }
-
-// Q by cp.async from warpgroup 0 (BAR_QFULL counts its 128 arrivals).
-__device__ __forceinline__ void load_q(unsigned base, const Pass& ps, const unsigned char* __restrict__ q, int t) {
-  const int l8 = t & 7, tg = t >> 3;
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const int r = tg + 16 * k;
-    const bool ok = r < ps.nrows;
-    const unsigned char* src = q + (ps.q_row0 + (ok ? r : 0)) * ROW_BYTES + l8 * 16;
-    const unsigned dst = base + OFF_Q + r * 128 + ((l8 ^ (r & 7)) << 4);
-#pragma unroll
-    for (int c = 0; c < NCB; ++c) cp_async16(dst + c * CB, src + c * 128, ok);
-  }
-  mbar_arrive_cp_async(base + OFF_BAR + 8 * BAR_QFULL);
-}
 #endif
 
 #else
@@ -754,7 +727,7 @@ struct Consumer {
 #if WG_SELF
   const Pass* ps;
   const unsigned char* kv;
-  int t, wgi;
+  int t;
   int pg0, pg1, nx0, nx1;  // thread 0: the pool pages of the next pair's tiles and of the pair after
 
   // Thread 0: the pages of pair pr + 2, whose tiles start at tb2 and tb2 + BN.
@@ -986,9 +959,8 @@ __device__ void consume(unsigned base, const Pass& ps, const Rows& rows, Phase& 
   cs.ps = &ps;
   cs.kv = kv;
   cs.t = t;
-  cs.wgi = wgi;
   cs.pg0 = cs.pg1 = cs.nx0 = cs.nx1 = 0;
-  if (wgi == 0) load_q(base, ps, q, t);
+  if (wgi == 0) cp_q(base, ps, q, t & 7, t >> 3);
   if (np > 0) {
     const int tb = t0 + wgi * BN, pg = t == 0 ? page_at(ps, tb) : 0;
     refill(base, ps, kv, tb, wgi, 0, 1, pg, t, wgi);
