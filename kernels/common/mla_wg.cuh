@@ -737,8 +737,11 @@ struct Consumer {
       nx1 = page_at(*ps, tb2 + BN);
     }
   }
-  // Thread 0: pulls page `page` (tile tb of pair pr) into L2 a pair before
-  // its copy, where this row block prefetches that pair (prefetch_pair's rule).
+  // Thread 0: pulls page `page` (tile tb of pair pr) into L2 at the start of
+  // pair pr - 1, whose refills copy it, where this row block prefetches pair
+  // pr (prefetch_pair's rule). Issued at pair pr - 2's refill instead, it
+  // measured the same or up to 4% slower at H128; at pr - 3's, 10-14%
+  // slower (docs/kernels.md).
   __device__ __forceinline__ void prefetch_page(int pr, int tb, int page) const {
     if (t != 0 || !ps->prefetch || (ps->pf_n > 1 && pr % ps->pf_n != ps->pf_k) || tb >= ps->t_end) return;
     const unsigned char* row = kv + static_cast<long long>(page) * BN * ROW_BYTES;
@@ -765,7 +768,10 @@ struct Consumer {
   __device__ __forceinline__ void pair0(int pr, int tb, unsigned next_parity) {
     float mx0, mx1, sum0, sum1;
 #if WG_SELF
-    if constexpr (MORE) load_pages(tb + 4 * BN);
+    if constexpr (MORE) {
+      load_pages(tb + 4 * BN);
+      prefetch_page(pr + 1, tb + 2 * BN, pg0);
+    }
 #endif
     maxima(tb, mx0, mx1);
     // The running max: none before the first pair, else WG1's of the last.
@@ -796,7 +802,6 @@ struct Consumer {
 #if WG_SELF
     if constexpr (MORE) {
       refill(base, *ps, kv, tb + 2 * BN, 0, 0, next_parity ^ 1, pg0, t, 0);
-      prefetch_page(pr + 2, tb + 4 * BN, nx0);
     }
 #endif
     nbar_sync(NB_P1, CONSUMERS);
@@ -835,7 +840,10 @@ struct Consumer {
   __device__ __forceinline__ void pair1(int pr, int tb, unsigned next_parity) {
     float mx0, mx1, sum0, sum1;
 #if WG_SELF
-    if constexpr (MORE) load_pages(tb + 3 * BN);
+    if constexpr (MORE) {
+      load_pages(tb + 3 * BN);
+      prefetch_page(pr + 1, tb + 2 * BN, pg1);
+    }
 #endif
     maxima(tb, mx0, mx1);
     nbar_sync(NB_SCALE0, CONSUMERS);
@@ -875,7 +883,6 @@ struct Consumer {
 #if WG_SELF
       if constexpr (MORE) {
         refill(base, *ps, kv, tb + 2 * BN, 1, 0, next_parity ^ 1, pg1, t, 1);
-        prefetch_page(pr + 2, tb + 4 * BN, nx1);
       }
 #endif
       wgmma_wait<0>();
@@ -969,7 +976,6 @@ __device__ void consume(unsigned base, const Pass& ps, const Rows& rows, Phase& 
       cs.pg0 = page_at(ps, t0 + 2 * BN);
       cs.pg1 = page_at(ps, t0 + 3 * BN);
     }
-    cs.prefetch_page(1, t0 + (2 + wgi) * BN, wgi ? cs.pg1 : cs.pg0);
   }
 #endif
   mbar_wait(bars + 8 * BAR_QFULL, ph.items & 1);
