@@ -739,9 +739,9 @@ struct Consumer {
   }
   // Thread 0: pulls page `page` (tile tb of pair pr) into L2 at the start of
   // pair pr - 1, whose refills copy it, where this row block prefetches pair
-  // pr (prefetch_pair's rule). Issued at pair pr - 2's refill instead, it
-  // measured the same or up to 4% slower at H128; at pr - 3's, 10-14%
-  // slower (docs/kernels.md).
+  // pr (prefetch_pair's rule). Moved here from pair pr - 2's refill, H128
+  // took 0.6-4.2% less time; at pr - 3's refill it took 10-14% more than
+  // at pr - 2's (docs/kernels.md).
   __device__ __forceinline__ void prefetch_page(int pr, int tb, int page) const {
     if (t != 0 || !ps->prefetch || (ps->pf_n > 1 && pr % ps->pf_n != ps->pf_k) || tb >= ps->t_end) return;
     const unsigned char* row = kv + static_cast<long long>(page) * BN * ROW_BYTES;
