@@ -55,6 +55,31 @@ extern "C" __global__ void __launch_bounds__(128)
                 lse + rh);
 }
 
+// split_merge for rows of at most two splits (the host's pick): a block
+// merges SPLIT_MERGE_HEADS heads of a row, grid (rows * ceil(H / 4)), block
+// 128, so the plan is read once for them and their partials are in flight
+// together (a merge of one or two parts is a round trip for the plan, then
+// one for the data). More splits take split_merge: there a block's heads
+// would wait for each other's further parts one after another.
+constexpr int SPLIT_MERGE_HEADS = 4;
+extern "C" __global__ void __launch_bounds__(128)
+    split_merge_h4(const float* __restrict__ part_o, const float* __restrict__ part_lse,
+                   const int* __restrict__ split_indptr, const float* __restrict__ sink, int rows, int H,
+                   __nv_bfloat16* __restrict__ o, float* __restrict__ lse) {
+  const int hb = (H + SPLIT_MERGE_HEADS - 1) / SPLIT_MERGE_HEADS;
+  const long long blk = blockIdx.x;
+  if (blk >= static_cast<long long>(rows) * hb) return;
+  const long long i = blk / hb;
+  const int h0 = static_cast<int>(blk % hb) * SPLIT_MERGE_HEADS, nh = min(SPLIT_MERGE_HEADS, H - h0);
+  const int s0 = split_indptr[i], n = split_indptr[i + 1] - s0;
+  float sk[SPLIT_MERGE_HEADS];
+#pragma unroll
+  for (int j = 0; j < SPLIT_MERGE_HEADS; ++j) sk[j] = sink && j < nh ? sink[h0 + j] : -__int_as_float(0x7f800000);
+  const long long p0 = static_cast<long long>(s0) * H + h0;
+  merge_heads_f32(part_o + p0 * 512, static_cast<long long>(H) * 512, part_lse + p0, H, n, sk, nh,
+                  o + (i * H + h0) * 512, lse + i * H + h0);
+}
+
 // The DCP step on several GPUs (the engine's all-gathered Q): rank g's
 // slice of the all-gather holds heads g*Hg .. (g+1)*Hg of every row.
 // Writes the kernel's padded Q [rows, hk, U*16 bytes], zero past N*Hg heads.

@@ -36,6 +36,36 @@ __device__ __forceinline__ float merge_lse(const float* lse, long long stride, i
   return logf(sum) + m;
 }
 
+// merge_lse with parts 0..K-1's LSEs already loaded and cleaned (x[k],
+// -inf past n), so a caller merging several heads sends all their loads
+// out at once; the same max and the same sum in part order (the same bits).
+template <int K>
+__device__ __forceinline__ float merge_lse_from(const float (&x)[K], const float* lse, long long stride, int n,
+                                                float sink) {
+  const float ninf = -__int_as_float(0x7f800000);
+  const float s = lse_clean(sink);
+  float m = s;
+#pragma unroll
+  for (int k = 0; k < K; ++k) m = fmaxf(m, x[k]);
+  for (int r0 = K; r0 < n; r0 += LSE_BATCH) {
+    float y[LSE_BATCH];
+#pragma unroll
+    for (int k = 0; k < LSE_BATCH; ++k) y[k] = r0 + k < n ? lse_clean(lse[(r0 + k) * stride]) : ninf;
+#pragma unroll
+    for (int k = 0; k < LSE_BATCH; ++k) m = fmaxf(m, y[k]);
+  }
+  if (m == ninf) return ninf;
+  float sum = (s == ninf) ? 0.f : expf(s - m);
+#pragma unroll
+  for (int k = 0; k < K; ++k)
+    if (x[k] != ninf) sum += expf(x[k] - m);
+  for (int r = K; r < n; ++r) {  // L1 hits now
+    const float y = lse_clean(lse[r * stride]);
+    if (y != ninf) sum += expf(y - m);
+  }
+  return logf(sum) + m;
+}
+
 // Weight of a part with LSE lse_r in a merge whose total is g. Exactly 0 for
 // an empty part, and callers skip zero weights, so an empty part's o (even
 // NaN) contributes nothing.
@@ -89,6 +119,79 @@ __device__ __forceinline__ void merge_row_f32(const float* __restrict__ po, long
   pk.y = *reinterpret_cast<unsigned*>(&hi);
   *reinterpret_cast<uint2*>(out + d) = pk;
   if (threadIdx.x == 0) *lse_out = g;
+}
+
+// HB heads of one row (o rows 512 floats apart, LSEs adjacent), by a block
+// of exactly 128 threads (4 of the 512 dims each), for rows of one or two
+// parts: every head's first OB parts and LSEs go out at once, so a block
+// waits one round trip for HB heads where merge_row_f32 takes one per head.
+// Further parts are right but slow (the heads take turns). Each head's sums
+// are merge_row_f32's, in the same order (the same bits). `nh` <= HB heads
+// are real.
+template <int HB>
+__device__ __forceinline__ void merge_heads_f32(const float* __restrict__ po, long long po_stride,
+                                                const float* __restrict__ pl, long long pl_stride, int n,
+                                                const float (&sink)[HB], int nh, __nv_bfloat16* __restrict__ out,
+                                                float* __restrict__ lse_out) {
+  constexpr int OB = 2, LB = 2;
+  const float ninf = -__int_as_float(0x7f800000);
+  const int d = threadIdx.x * 4;
+  float x[HB][LB];
+  float4 v[HB][OB];
+#pragma unroll
+  for (int j = 0; j < HB; ++j) {
+#pragma unroll
+    for (int k = 0; k < LB; ++k) x[j][k] = j < nh && k < n ? lse_clean(pl[j + k * pl_stride]) : ninf;
+#pragma unroll
+    for (int k = 0; k < OB; ++k)
+      v[j][k] = j < nh && k < n ? __ldg(reinterpret_cast<const float4*>(po + j * 512 + k * po_stride + d))
+                                : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  float g[HB];
+#pragma unroll
+  for (int j = 0; j < HB; ++j) g[j] = j < nh ? merge_lse_from(x[j], pl + j, pl_stride, n, sink[j]) : ninf;
+  float4 a[HB];
+#pragma unroll
+  for (int j = 0; j < HB; ++j) a[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int r0 = 0; r0 < n; r0 += OB) {
+    float w[HB][OB];
+#pragma unroll
+    for (int j = 0; j < HB; ++j)
+#pragma unroll
+      for (int k = 0; k < OB; ++k)
+        w[j][k] = j < nh && r0 + k < n ? merge_weight(pl[j + (r0 + k) * pl_stride], g[j]) : 0.f;
+    if (r0) {
+#pragma unroll
+      for (int j = 0; j < HB; ++j)
+#pragma unroll
+        for (int k = 0; k < OB; ++k)
+          v[j][k] = w[j][k] != 0.f
+                        ? __ldg(reinterpret_cast<const float4*>(po + j * 512 + (r0 + k) * po_stride + d))
+                        : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int j = 0; j < HB; ++j)
+#pragma unroll
+      for (int k = 0; k < OB; ++k) {
+        if (w[j][k] != 0.f) {
+          a[j].x += w[j][k] * v[j][k].x;
+          a[j].y += w[j][k] * v[j][k].y;
+          a[j].z += w[j][k] * v[j][k].z;
+          a[j].w += w[j][k] * v[j][k].w;
+        }
+      }
+  }
+#pragma unroll
+  for (int j = 0; j < HB; ++j) {
+    if (j >= nh) break;
+    __nv_bfloat162 lo = __floats2bfloat162_rn(a[j].x, a[j].y);
+    __nv_bfloat162 hi = __floats2bfloat162_rn(a[j].z, a[j].w);
+    uint2 pk;
+    pk.x = *reinterpret_cast<unsigned*>(&lo);
+    pk.y = *reinterpret_cast<unsigned*>(&hi);
+    *reinterpret_cast<uint2*>(out + j * 512 + d) = pk;
+    if (threadIdx.x == 0) lse_out[j] = g[j];
+  }
 }
 
 }  // namespace mla

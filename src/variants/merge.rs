@@ -10,11 +10,40 @@ pub fn spec() -> KernelSpec {
         &[
             "dcp_combine",
             "split_merge",
+            "split_merge_h4",
             "dcp_gather_q",
             "dcp_correct",
             "dcp_to_bf16",
         ],
     )
+}
+
+/// Heads a `split_merge_h4` block merges (`SPLIT_MERGE_HEADS`, merge.cu).
+pub const SPLIT_MERGE_HEADS: usize = 4;
+
+/// (row, head) pairs below which `split_merge` keeps a merge of one or two
+/// splits: a grid of a few hundred 4-head blocks is one short wave, where
+/// more blocks of one head finish sooner (4 rows x 64 / 128 heads took 3%
+/// longer as a whole v4_split).
+pub const H4_MIN_ROW_HEADS: usize = 2048;
+
+/// The split merge's entry and grid for `rows` rows of `heads` heads and `n`
+/// splits each. Up to two splits and at least [`H4_MIN_ROW_HEADS`] (row,
+/// head) pairs, `split_merge_h4`: a block for a row's group of
+/// [`SPLIT_MERGE_HEADS`] heads (the last may be short), one round trip for
+/// all their partials (v4_split's CSA rows 4.5-9.1% faster, docs/kernels.md).
+/// Otherwise `split_merge`, a block a (row, head): with four heads a block,
+/// its heads' further parts wait for each other (n 4-12 took 20-118%
+/// longer).
+pub fn split_merge_launch(rows: usize, heads: usize, n: usize) -> (&'static str, (u32, u32, u32)) {
+    if n <= 2 && rows * heads >= H4_MIN_ROW_HEADS {
+        (
+            "split_merge_h4",
+            ((rows * heads.div_ceil(SPLIT_MERGE_HEADS)) as u32, 1, 1),
+        )
+    } else {
+        ("split_merge", ((rows * heads) as u32, 1, 1))
+    }
 }
 
 /// What a kernel may leave in a part that saw no token, so a merge must not
@@ -39,6 +68,28 @@ pub fn poison_empty_parts<T: Copy>(o: &mut [T], lse: &mut [f32], d: usize, nan: 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn many_rows_of_two_splits_or_fewer_merge_four_heads_a_block() {
+        assert_eq!(split_merge_launch(256, 128, 1), ("split_merge_h4", (8192, 1, 1)));
+        assert_eq!(split_merge_launch(128, 16, 2), ("split_merge_h4", (512, 1, 1)));
+        assert_eq!(
+            split_merge_launch(410, 5, 1),
+            ("split_merge_h4", (820, 1, 1)),
+            "a short last group"
+        );
+        assert_eq!(split_merge_launch(128, 128, 3), ("split_merge", (16384, 1, 1)));
+        assert_eq!(
+            split_merge_launch(4, 128, 1),
+            ("split_merge", (512, 1, 1)),
+            "one short wave"
+        );
+        let src = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/kernels/merge.cu")).unwrap();
+        assert!(
+            src.contains(&format!("constexpr int SPLIT_MERGE_HEADS = {SPLIT_MERGE_HEADS};")),
+            "merge.cu's SPLIT_MERGE_HEADS is not the host's"
+        );
+    }
 
     #[test]
     fn empty_parts_get_nan_o_and_every_empty_lse_spelling() {

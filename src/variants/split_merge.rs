@@ -195,10 +195,11 @@ impl Variant for SplitMerge {
         let sink = p.upload("attn_sink", &s.sink);
         let o = p.poisoned("o", rows * h * V4_D * 2, Fill::Bf16);
         let lse = p.poisoned("lse", rows * h * 4, Fill::F32);
+        let (entry, grid) = merge::split_merge_launch(rows, h, s.n);
         p.calls.push(Call {
             kernel: merge::spec(),
-            entry: "split_merge",
-            grid: ((rows * h) as u32, 1, 1),
+            entry,
+            grid,
             block: 128,
             smem: Smem::Fixed(0),
             args: vec![

@@ -172,10 +172,11 @@ impl Run {
             second: false,
             dependent: false,
         });
+        let (entry, grid) = merge::split_merge_launch(launch_rows, hk, s.n);
         p.calls.push(Call {
             kernel: merge::spec(),
-            entry: "split_merge",
-            grid: ((launch_rows * hk) as u32, 1, 1),
+            entry,
+            grid,
             block: 128,
             smem: Smem::Fixed(0),
             args: vec![
