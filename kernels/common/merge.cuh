@@ -11,29 +11,39 @@ __device__ __forceinline__ float lse_clean(float x) {
   return (x != x || x == __int_as_float(0x7f800000)) ? -__int_as_float(0x7f800000) : x;
 }
 
-// G = ln(sum_r exp(lse_r) + exp(sink)); `sink` = -inf when there is none.
-// -inf when nothing contributes. Reads lse[r * stride], r < n. The loads go
-// out LSE_BATCH at a time, not one dependent round trip per part (a reduce
-// of 16 parts is latency-bound); max and sum keep the order r = 0, 1, ...
+// The max of m and parts r0..n-1's LSEs, LSE_BATCH loads a round trip (a
+// reduce of 16 parts is latency-bound), and the sum of exp(lse_r - m) over
+// the same parts added to `sum` in part order (L1 hits by then).
 constexpr int LSE_BATCH = 8;
-__device__ __forceinline__ float merge_lse(const float* lse, long long stride, int n, float sink) {
+__device__ __forceinline__ float lse_max_from(const float* lse, long long stride, int r0, int n, float m) {
   const float ninf = -__int_as_float(0x7f800000);
-  const float s = lse_clean(sink);
-  float m = s;
-  for (int r0 = 0; r0 < n; r0 += LSE_BATCH) {
+  for (; r0 < n; r0 += LSE_BATCH) {
     float x[LSE_BATCH];
 #pragma unroll
     for (int k = 0; k < LSE_BATCH; ++k) x[k] = r0 + k < n ? lse_clean(lse[(r0 + k) * stride]) : ninf;
 #pragma unroll
     for (int k = 0; k < LSE_BATCH; ++k) m = fmaxf(m, x[k]);
   }
-  if (m == ninf) return ninf;
-  float sum = (s == ninf) ? 0.f : expf(s - m);
-  for (int r = 0; r < n; ++r) {  // L1 hits now
+  return m;
+}
+__device__ __forceinline__ float lse_sum_from(const float* lse, long long stride, int r0, int n, float m, float sum) {
+  const float ninf = -__int_as_float(0x7f800000);
+  for (int r = r0; r < n; ++r) {
     const float x = lse_clean(lse[r * stride]);
     if (x != ninf) sum += expf(x - m);
   }
-  return logf(sum) + m;
+  return sum;
+}
+
+// G = ln(sum_r exp(lse_r) + exp(sink)); `sink` = -inf when there is none.
+// -inf when nothing contributes. Reads lse[r * stride], r < n; max and sum
+// keep the order r = 0, 1, ...
+__device__ __forceinline__ float merge_lse(const float* lse, long long stride, int n, float sink) {
+  const float ninf = -__int_as_float(0x7f800000);
+  const float s = lse_clean(sink);
+  const float m = lse_max_from(lse, stride, 0, n, s);
+  if (m == ninf) return ninf;
+  return logf(lse_sum_from(lse, stride, 0, n, m, (s == ninf) ? 0.f : expf(s - m))) + m;
 }
 
 // merge_lse with parts 0..K-1's LSEs already loaded and cleaned (x[k],
@@ -47,23 +57,13 @@ __device__ __forceinline__ float merge_lse_from(const float (&x)[K], const float
   float m = s;
 #pragma unroll
   for (int k = 0; k < K; ++k) m = fmaxf(m, x[k]);
-  for (int r0 = K; r0 < n; r0 += LSE_BATCH) {
-    float y[LSE_BATCH];
-#pragma unroll
-    for (int k = 0; k < LSE_BATCH; ++k) y[k] = r0 + k < n ? lse_clean(lse[(r0 + k) * stride]) : ninf;
-#pragma unroll
-    for (int k = 0; k < LSE_BATCH; ++k) m = fmaxf(m, y[k]);
-  }
+  m = lse_max_from(lse, stride, K, n, m);
   if (m == ninf) return ninf;
   float sum = (s == ninf) ? 0.f : expf(s - m);
 #pragma unroll
   for (int k = 0; k < K; ++k)
     if (x[k] != ninf) sum += expf(x[k] - m);
-  for (int r = K; r < n; ++r) {  // L1 hits now
-    const float y = lse_clean(lse[r * stride]);
-    if (y != ninf) sum += expf(y - m);
-  }
-  return logf(sum) + m;
+  return logf(lse_sum_from(lse, stride, K, n, m, sum)) + m;
 }
 
 // Weight of a part with LSE lse_r in a merge whose total is g. Exactly 0 for

@@ -33,7 +33,7 @@ pub const H4_MIN_ROW_HEADS: usize = 2048;
 /// [`SPLIT_MERGE_HEADS`] heads (the last may be short), one round trip for
 /// all their partials (v4_split's CSA rows 4.5-9.1% faster, docs/kernels.md).
 /// Otherwise `split_merge`, a block a (row, head): with four heads a block,
-/// its heads' further parts wait for each other (n 4-12 took 20-118%
+/// its heads' further parts wait for each other (n 4-12 took 18-118%
 /// longer).
 pub fn split_merge_launch(rows: usize, heads: usize, n: usize) -> (&'static str, (u32, u32, u32)) {
     if n <= 2 && rows * heads >= H4_MIN_ROW_HEADS {
