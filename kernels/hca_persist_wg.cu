@@ -26,17 +26,6 @@ namespace {
 constexpr int NB_STORED = 6;  // every consumer's partial is stored and fenced
 constexpr int NB_LAST = 7;    // the counter said whether this CTA merges
 
-// Every row of the block sees the whole piece; whole rows add the sink.
-struct PieceRows {
-  int t_end;
-  long long out0;
-  const float* sink;  // nullptr: a partial, merged later with the sink
-  int h0;
-  __device__ int lim(int) const { return t_end; }
-  __device__ long long o_row(int r) const { return out0 + r; }
-  __device__ float sink_log2(int r) const { return sink ? sink[h0 + r] * LOG2E : ninf(); }
-};
-
 // The OR of `v` over the n threads meeting at named barrier `id`.
 __device__ __forceinline__ bool nbar_or(int id, int n, bool v) {
   int r;
@@ -170,8 +159,8 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(wg::THREA
     if (k == 1) continue;
     const bool whole = st >= lo && en <= hi;
     const long long out0 = static_cast<long long>(whole ? r : hca::piece_slot(p, lo, st)) * HK + h0;
-    const PieceRows rw{ps.t_end, out0, whole ? sink : nullptr, h0};
-    wg::consume<PieceRows, true>(sbase, ps, rw, ph, sm_scale * LOG2E, 1.f, !whole, o, o_acc, whole ? lse : lse_acc);
+    const wg::V4Rows rw{ps.t_end, out0, whole ? sink : nullptr, h0};
+    wg::consume<wg::V4Rows, true>(sbase, ps, rw, ph, sm_scale * LOG2E, 1.f, !whole, o, o_acc, whole ? lse : lse_acc);
     if (whole) continue;
     __threadfence();
     nbar_sync(NB_STORED, wg::CONSUMERS);

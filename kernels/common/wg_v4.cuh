@@ -40,6 +40,19 @@ constexpr int V4_SCALES = 448;      // first scale byte
 constexpr int V4_ROPE_ROW = 128;    // rope row bytes
 constexpr int V4_PREFETCH = 464;    // nope and scales: the bytes of a packed row that are read
 
+// The rows of a V4 pass (64 heads of one token row): every row sees the
+// whole range (causality is in the list). `sink` null: an f32 partial,
+// merged later with the sink; else the rows are whole and add it.
+struct V4Rows {
+  int t_end;
+  long long out0;
+  const float* sink;
+  int h0;
+  __device__ int lim(int) const { return t_end; }
+  __device__ long long o_row(int r) const { return out0 + r; }
+  __device__ float sink_log2(int r) const { return sink ? sink[h0 + r] * LOG2E : ninf(); }
+};
+
 // 2^(e-127) of UE8M0 byte e as bf16x2 (e = 0: 2^-127, a subnormal).
 __device__ __forceinline__ unsigned ue8m0_bf16x2(unsigned e) {
   const unsigned b = e ? e << 7 : 0x40u;

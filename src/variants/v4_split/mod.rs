@@ -2,7 +2,9 @@
 //! split plan (SPEC §2 "Variant v4_split"): `n` from the heuristic per layer
 //! type (or a fixed `n`, or the kernel's own pick), the split CSR a row of
 //! the uniform `[16, T+1]` table, f32 partials without the sink, then
-//! `split_merge` adds the sink once.
+//! `split_merge` adds the sink once. A one-split plan on the wgmma core
+//! needs no merge: its entry writes o with the sink, as aiter's decode
+//! skips its second stage at `num_kv_splits == 1`.
 
 pub mod plan;
 
@@ -32,7 +34,7 @@ static INFO: VariantInfo = VariantInfo {
     kind: crate::variants::external::Contract::V4Decode,
     family: Family::V4,
     kernel_file: "v4_split.cu",
-    contract: "V4 native-FP8 decode with a caller-built split plan from the uniform [16, T+1] table (or its own pick), attention sink, split_merge",
+    contract: "V4 native-FP8 decode with a caller-built split plan from the uniform [16, T+1] table (or its own pick), attention sink, split_merge (a one-split plan on the wgmma core adds the sink in-kernel)",
     nondeterministic: None,
     native_page_size: 1,
     takes_split_axis: true,
@@ -42,8 +44,16 @@ pub struct V4Split;
 
 /// The kernel of `core` for `hk` kernel heads.
 pub fn spec(hk: usize, core: V4Core) -> KernelSpec {
-    core.spec("v4_split.cu", "v4_split_wg.cu", "v4_split", hk)
+    let mut k = core.spec("v4_split.cu", "v4_split_wg.cu", "v4_split", hk);
+    if core == V4Core::Wg {
+        k.entry_points.push(ONE_SPLIT_ENTRY);
+    }
+    k
 }
+
+/// The wgmma core's entry for a plan of one split a row: the whole row in
+/// one pass, so it writes o with the sink and no merge follows.
+pub const ONE_SPLIT_ENTRY: &str = "v4_split_one";
 
 /// The split plan of a case: the scenario's fixed `n`, else the heuristic's.
 pub fn split_plan(case: &Case) -> Result<SplitPlan, String> {
@@ -144,12 +154,37 @@ impl Run {
         let core = s.core().0;
         let mut p = Program::default();
         let inp = Inputs::add(&mut p, w);
+        // An eager call covers the N real rows; a graph-sized one all T.
+        let launch_rows = if job.case.v4.eager { w.p.rows } else { w.t };
+        if core == V4Core::Wg && s.n == 1 {
+            p.calls.push(Call {
+                kernel: spec(hk, core),
+                entry: ONE_SPLIT_ENTRY,
+                grid: (v4::groups(hk), launch_rows as u32, 1),
+                block: core.block(),
+                smem: Smem::Fixed(core.smem(hk)),
+                args: vec![
+                    Arg::Buf(inp.q),
+                    Arg::Buf(inp.q_rope),
+                    Arg::Buf(inp.pool),
+                    Arg::Buf(inp.pool_rope),
+                    Arg::Buf(inp.kv_indptr),
+                    Arg::Buf(inp.kv_indices),
+                    Arg::Buf(inp.sink),
+                    Arg::F32(w.p.sm_scale as f32),
+                    Arg::I32(launch_rows as i32),
+                    Arg::Buf(inp.o),
+                    Arg::Buf(inp.lse),
+                ],
+                second: false,
+                dependent: false,
+            });
+            return Ok(vec![p]);
+        }
         let plan = p.upload("split_indptr", &s.split_indptr);
         let slots = s.split_indptr[w.t] as usize;
         let part_o = p.poisoned("partials", slots.max(1) * hk * V4_D * 4, Fill::F32);
         let part_lse = p.poisoned("partial lse", slots.max(1) * hk * 4, Fill::F32);
-        // An eager call covers the N real rows; a graph-sized one all T.
-        let launch_rows = if job.case.v4.eager { w.p.rows } else { w.t };
         p.calls.push(Call {
             kernel: spec(hk, core),
             entry: "v4_split",
