@@ -15,8 +15,8 @@ static_assert(HK == 64 || HK == 128, "the V4 wgmma core runs 64 or 128 heads");
 namespace {
 
 // One pass of 64 heads over the CTA's range: the producer warpgroup loads
-// and dequantizes, the consumers write `rw`'s rows, as f32 partials without
-// the sink (PART) or as bf16 o with it.
+// and dequantizes, the consumers write `rw`'s rows through shared memory,
+// as f32 partials without the sink (PART) or as bf16 o with it.
 template <bool PART>
 __device__ __forceinline__ void run_pass(unsigned base, const wg::Pass& ps, const wg::V4Src& src,
                                          const wg::V4Rows& rw, float sm_scale, __nv_bfloat16* o, float* part_o,
@@ -27,7 +27,7 @@ __device__ __forceinline__ void run_pass(unsigned base, const wg::Pass& ps, cons
     wg::produce_v4(base, ps, ph, src);
   } else {
     wg::regs_inc<wg::CONSUMER_REGS>();
-    wg::consume<wg::V4Rows, !PART, PART>(base, ps, rw, ph, sm_scale * LOG2E, 1.f, PART, o, part_o, lse);
+    wg::consume<wg::V4Rows, !PART, true>(base, ps, rw, ph, sm_scale * LOG2E, 1.f, PART, o, part_o, lse);
   }
 }
 

@@ -908,13 +908,16 @@ struct Consumer {
 // (<= t0 for rows past nrows), `rows.o_row(r)` its output / LSE row; with
 // SINK, `rows.sink_log2(r)` (log2 domain, -inf: none) joins row r's
 // denominator and LSE as one more logit with a zero value (V4's sink).
-// STAGE (a non-persistent kernel's f32 partials): the rows leave through
-// shared memory, 1 KB per row and warpgroup by bulk copy, instead of 4-byte
-// stores (ptxas splits the float2 stores: the accumulators are not register
-// pairs), which throttled the LSU in the epilogue. Rows are STAGE_ROW bytes
-// apart (8 words of bank offset a row: a warp's 8 rows cover the banks
-// twice, the least for 256 bytes). Q and both buffers are free by then.
+// STAGE (a non-persistent kernel): the rows leave through shared memory,
+// by bulk copy per row and warpgroup (1 KB of f32 partial, or 512 bytes of
+// bf16 o), instead of 4-byte stores (ptxas splits the float2 stores: the
+// accumulators are not register pairs), which throttled the LSU in the
+// epilogue. f32 rows are STAGE_ROW bytes apart (8 words of bank offset a
+// row: a warp's 8 rows cover the banks twice, the least for 256 bytes),
+// bf16 rows STAGE_ROW_BF16 (4 words: its 4-byte stores cover them once).
+// Q and both buffers are free by then.
 constexpr int STAGE_ROW = 1056;
+constexpr int STAGE_ROW_BF16 = 528;
 static_assert(2 * BM * STAGE_ROW <= 3 * TILE, "the staged rows fit in Q and the two buffers");
 
 template <class Rows, bool SINK = false, bool STAGE = false>
@@ -922,9 +925,6 @@ __device__ void consume(unsigned base, const Pass& ps, const Rows& rows, Phase& 
                         float scale_log2, float out_scale, bool to_part, __nv_bfloat16* __restrict__ o,
                         float* __restrict__ part_o, float* __restrict__ lse,
                         const unsigned char* __restrict__ q = nullptr, const unsigned char* __restrict__ kv = nullptr) {
-  if constexpr (STAGE) {
-    if (!to_part) __trap();  // the staged rows are f32 partials
-  }
   const int wgi = warpgroup();
   const int t = threadIdx.x & 127, warp = t >> 5;
   Consumer cs;
@@ -1034,12 +1034,22 @@ __device__ void consume(unsigned base, const Pass& ps, const Rows& rows, Phase& 
   if constexpr (STAGE) {
     // After NB_L neither warpgroup has a wgmma in flight, and every tile
     // has landed: Q and the buffers are free.
-    const unsigned st0 = base + (wgi * BM + r0) * STAGE_ROW + 8 * c, st1 = st0 + 8 * STAGE_ROW;
+    const int pitch = to_part ? STAGE_ROW : STAGE_ROW_BF16;
+    const unsigned st0 = base + (wgi * BM + r0) * pitch + (to_part ? 8 : 4) * c, st1 = st0 + 8 * pitch;
+    if (to_part) {
 #pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      const float* a = cs.acc + 4 * i;
-      sts_v2f(st0 + 32 * i, a[0] * i0, a[1] * i0);
-      sts_v2f(st1 + 32 * i, a[2] * i1, a[3] * i1);
+      for (int i = 0; i < 32; ++i) {
+        const float* a = cs.acc + 4 * i;
+        sts_v2f(st0 + 32 * i, a[0] * i0, a[1] * i0);
+        sts_v2f(st1 + 32 * i, a[2] * i1, a[3] * i1);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        const float* a = cs.acc + 4 * i;
+        sts_u32(st0 + 16 * i, pack_bf16x2(a[0] * i0, a[1] * i0));
+        sts_u32(st1 + 16 * i, pack_bf16x2(a[2] * i1, a[3] * i1));
+      }
     }
     fence_proxy_async();  // generic stores, read by the bulk copy through the async proxy
     __syncwarp();
@@ -1048,10 +1058,19 @@ __device__ void consume(unsigned base, const Pass& ps, const Rows& rows, Phase& 
     const long long oa = __shfl_sync(0xffffffffu, o0, src), ob = __shfl_sync(0xffffffffu, o1, src);
     const int r = 16 * warp + l;
     if (cs.lane < 16 && r < nrows) {
-      const float* dst = part_o + (l < 8 ? oa : ob) * D_V + 256 * wgi;
-      asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], 1024;\n" ::"l"(dst),
-                   "r"(base + (wgi * BM + r) * STAGE_ROW)
-                   : "memory");
+      const long long orow = l < 8 ? oa : ob;
+      const unsigned from = base + (wgi * BM + r) * pitch;
+      if (to_part) {
+        asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], 1024;\n" ::"l"(
+                         part_o + orow * D_V + 256 * wgi),
+                     "r"(from)
+                     : "memory");
+      } else {
+        asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], 512;\n" ::"l"(
+                         o + orow * D_V + 256 * wgi),
+                     "r"(from)
+                     : "memory");
+      }
       asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
       asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // the rows stay until read
     }
