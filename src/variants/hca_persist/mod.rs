@@ -277,23 +277,21 @@ impl Variant for HcaPersist {
             grid: (v4::groups(hk), parts as u32, 1),
             block: h.core.block(),
             smem: Smem::Fixed(h.core.smem(hk)),
-            args: vec![
-                Arg::Buf(inp.q),
-                Arg::Buf(inp.q_rope),
-                Arg::Buf(inp.pool),
-                Arg::Buf(inp.pool_rope),
-                Arg::Buf(inp.kv_indptr),
-                Arg::Buf(inp.kv_indices),
-                Arg::Buf(inp.sink),
-                Arg::F32(w.p.sm_scale as f32),
-                Arg::I32(w.p.rows as i32),
-                Arg::I32(parts as i32),
-                Arg::Buf(o_acc),
-                Arg::Buf(lse_acc),
-                Arg::Buf(counters),
-                Arg::Buf(inp.o),
-                Arg::Buf(inp.lse),
-            ],
+            args: inp
+                .kv_args()
+                .into_iter()
+                .chain([
+                    Arg::Buf(inp.sink),
+                    Arg::F32(w.p.sm_scale as f32),
+                    Arg::I32(w.p.rows as i32),
+                    Arg::I32(parts as i32),
+                    Arg::Buf(o_acc),
+                    Arg::Buf(lse_acc),
+                    Arg::Buf(counters),
+                    Arg::Buf(inp.o),
+                    Arg::Buf(inp.lse),
+                ])
+                .collect(),
             second: false,
             dependent: false,
         });

@@ -7,7 +7,7 @@ use std::borrow::Cow;
 
 use crate::case::V4_D;
 use crate::variants::heads::PaddedHeads;
-use crate::variants::program::{BufId, Elem, Fill, Init, Output, Program, Replay};
+use crate::variants::program::{Arg, BufId, Elem, Fill, Init, Output, Program, Replay};
 use crate::workload::V4Workload;
 
 pub struct Inputs {
@@ -95,5 +95,19 @@ impl Inputs {
             o,
             lse,
         }
+    }
+
+    /// The arguments every V4 decode entry starts with (kernels/ABI.md):
+    /// Q, its rope, the pool, its rope, `kv_indptr`, `kv_indices`.
+    pub fn kv_args(&self) -> [Arg; 6] {
+        [
+            self.q,
+            self.q_rope,
+            self.pool,
+            self.pool_rope,
+            self.kv_indptr,
+            self.kv_indices,
+        ]
+        .map(Arg::Buf)
     }
 }

@@ -156,57 +156,41 @@ impl Run {
         let inp = Inputs::add(&mut p, w);
         // An eager call covers the N real rows; a graph-sized one all T.
         let launch_rows = if job.case.v4.eager { w.p.rows } else { w.t };
+        // Stage 1 (or the one-split entry): the kv arguments, then `tail`.
+        let stage1 = |entry, n: usize, tail: Vec<Arg>| Call {
+            kernel: spec(hk, core),
+            entry,
+            grid: (v4::groups(hk), launch_rows as u32, n as u32),
+            block: core.block(),
+            smem: Smem::Fixed(core.smem(hk)),
+            args: inp.kv_args().into_iter().chain(tail).collect(),
+            second: false,
+            dependent: false,
+        };
+        let scale = Arg::F32(w.p.sm_scale as f32);
         if core == V4Core::Wg && s.n == 1 {
-            p.calls.push(Call {
-                kernel: spec(hk, core),
-                entry: ONE_SPLIT_ENTRY,
-                grid: (v4::groups(hk), launch_rows as u32, 1),
-                block: core.block(),
-                smem: Smem::Fixed(core.smem(hk)),
-                args: vec![
-                    Arg::Buf(inp.q),
-                    Arg::Buf(inp.q_rope),
-                    Arg::Buf(inp.pool),
-                    Arg::Buf(inp.pool_rope),
-                    Arg::Buf(inp.kv_indptr),
-                    Arg::Buf(inp.kv_indices),
-                    Arg::Buf(inp.sink),
-                    Arg::F32(w.p.sm_scale as f32),
-                    Arg::I32(launch_rows as i32),
-                    Arg::Buf(inp.o),
-                    Arg::Buf(inp.lse),
-                ],
-                second: false,
-                dependent: false,
-            });
+            let tail = vec![
+                Arg::Buf(inp.sink),
+                scale,
+                Arg::I32(launch_rows as i32),
+                Arg::Buf(inp.o),
+                Arg::Buf(inp.lse),
+            ];
+            p.calls.push(stage1(ONE_SPLIT_ENTRY, 1, tail));
             return Ok(vec![p]);
         }
         let plan = p.upload("split_indptr", &s.split_indptr);
         let slots = s.split_indptr[w.t] as usize;
         let part_o = p.poisoned("partials", slots.max(1) * hk * V4_D * 4, Fill::F32);
         let part_lse = p.poisoned("partial lse", slots.max(1) * hk * 4, Fill::F32);
-        p.calls.push(Call {
-            kernel: spec(hk, core),
-            entry: "v4_split",
-            grid: (v4::groups(hk), launch_rows as u32, s.n as u32),
-            block: core.block(),
-            smem: Smem::Fixed(core.smem(hk)),
-            args: vec![
-                Arg::Buf(inp.q),
-                Arg::Buf(inp.q_rope),
-                Arg::Buf(inp.pool),
-                Arg::Buf(inp.pool_rope),
-                Arg::Buf(inp.kv_indptr),
-                Arg::Buf(inp.kv_indices),
-                Arg::Buf(plan),
-                Arg::F32(w.p.sm_scale as f32),
-                Arg::I32(launch_rows as i32),
-                Arg::Buf(part_o),
-                Arg::Buf(part_lse),
-            ],
-            second: false,
-            dependent: false,
-        });
+        let tail = vec![
+            Arg::Buf(plan),
+            scale,
+            Arg::I32(launch_rows as i32),
+            Arg::Buf(part_o),
+            Arg::Buf(part_lse),
+        ];
+        p.calls.push(stage1("v4_split", s.n, tail));
         let (entry, grid) = merge::split_merge_launch(launch_rows, hk, s.n);
         p.calls.push(Call {
             kernel: merge::spec(),
