@@ -273,6 +273,11 @@ pub struct KernelsArgs {
     /// stack and static shared memory per entry point (no GPU needed).
     #[arg(long, conflicts_with = "check")]
     pub resources: bool,
+    /// With --check: write each configuration's cubin to DIR
+    /// (`file.cu_-DNAME=VALUE....cubin`), to compare two kernels dirs'
+    /// SASS with scripts/sass-diff.py.
+    #[arg(long, value_name = "DIR", requires = "check")]
+    pub cubins: Option<PathBuf>,
     /// Target architecture [default: sm_90a].
     #[arg(long)]
     pub arch: Option<String>,

@@ -26,8 +26,15 @@ pub fn kernels(args: &KernelsArgs) -> Result<u8> {
     }
     let arch = args.arch.as_deref().unwrap_or("sm_90a");
     let t0 = std::time::Instant::now();
-    let results =
-        cuda::check_all(&args.kernels_dir, &specs, arch).map_err(|e| InputError::Environment(format!("{e}")))?;
+    let results = match &args.cubins {
+        Some(dir) => {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| InputError::Environment(format!("cannot create --cubins {}: {e}", dir.display())))?;
+            cuda::dump_all(&args.kernels_dir, &specs, arch, dir)
+        }
+        None => cuda::check_all(&args.kernels_dir, &specs, arch),
+    }
+    .map_err(|e| InputError::Environment(format!("{e}")))?;
     let mut failed = 0;
     for (spec, r) in &results {
         match r {

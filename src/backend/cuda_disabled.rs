@@ -57,6 +57,15 @@ pub fn check_all(_kernels_dir: &Path, _specs: &[KernelSpec], _arch: &str) -> Res
     Err(EnvError::Disabled)
 }
 
+pub fn dump_all(
+    _kernels_dir: &Path,
+    _specs: &[KernelSpec],
+    _arch: &str,
+    _dir: &Path,
+) -> Result<CheckResults, EnvError> {
+    Err(EnvError::Disabled)
+}
+
 /// Type of a `--resources` result, as in the CUDA build.
 pub type ResourceResults = Vec<(KernelSpec, Result<Vec<EntryResources>, CompileError>)>;
 

@@ -42,6 +42,13 @@ impl KernelSpec {
         }
         s
     }
+
+    /// `ps1.cu_-DHEADS=64_-DFP8=1.cubin`: the label as a file name, the same
+    /// for a configuration in any kernels dir, so two dirs' cubins pair up
+    /// (`mlabench kernels --check --cubins DIR`, scripts/sass-diff.py).
+    pub fn cubin_name(&self) -> String {
+        format!("{}.cubin", self.label().replace(' ', "_"))
+    }
 }
 
 #[cfg(test)]
@@ -64,5 +71,6 @@ mod tests {
                 .define("FP8", 1)
                 .define("HEADS", 64)
         );
+        assert_eq!(s.cubin_name(), "ps1.cu_-DHEADS=64_-DFP8=1.cubin");
     }
 }

@@ -166,6 +166,23 @@ impl Compiler {
             .map(|s| (s.clone(), self.compile(s).map(|_| ())))
             .collect()
     }
+
+    /// [`Compiler::check_all`], each cubin written to `dir`.
+    pub fn dump_all(&self, specs: &[KernelSpec], dir: &Path) -> CheckResults {
+        specs
+            .par_iter()
+            .map(|s| {
+                let r = self.compile(s).and_then(|k| {
+                    let path = dir.join(s.cubin_name());
+                    std::fs::write(&path, &k.cubin).map_err(|e| CompileError::Output {
+                        path: path.display().to_string(),
+                        err: e.to_string(),
+                    })
+                });
+                (s.clone(), r)
+            })
+            .collect()
+    }
 }
 
 /// Each configuration with its compile result.
@@ -175,6 +192,14 @@ pub type CheckResults = Vec<(KernelSpec, Result<(), CompileError>)>;
 /// without a GPU. Errors only when NVRTC or the headers are missing.
 pub fn check_all(kernels_dir: &Path, specs: &[KernelSpec], arch: &str) -> Result<CheckResults, EnvError> {
     Ok(Compiler::new(kernels_dir, arch)?.check_all(specs))
+}
+
+/// `mlabench kernels --check --cubins DIR`: [`check_all`], writing each
+/// configuration's cubin to `DIR` (an existing directory) as
+/// [`KernelSpec::cubin_name`], so two kernels dirs' SASS can be compared
+/// without a GPU.
+pub fn dump_all(kernels_dir: &Path, specs: &[KernelSpec], arch: &str, dir: &Path) -> Result<CheckResults, EnvError> {
+    Ok(Compiler::new(kernels_dir, arch)?.dump_all(specs, dir))
 }
 
 /// `mlabench kernels --resources`: ptxas's report of every configuration.
@@ -425,5 +450,23 @@ mod tests {
         assert_eq!(r[0].0, good);
         assert!(r[0].1.is_ok());
         assert!(r[1].1.as_ref().unwrap_err().to_string().contains("no_such_kernel"));
+    }
+
+    #[test]
+    fn dump_all_writes_each_compiled_configuration_under_its_name() {
+        let Some(c) = compiler_or_skip(None) else {
+            return;
+        };
+        let t = tempfile::tempdir().unwrap();
+        let good = probe::spec();
+        let bad = KernelSpec::new("probe.cu", &["no_such_kernel"]).define("MLAB_TEST_DEFINE", 1);
+        let r = c.dump_all(&[good.clone(), bad.clone()], t.path());
+        assert!(r[0].1.is_ok() && r[1].1.is_err());
+        let cubin = std::fs::read(t.path().join(good.cubin_name())).unwrap();
+        assert_eq!(cubin, c.compile(&good).unwrap().cubin);
+        assert!(
+            !t.path().join(bad.cubin_name()).exists(),
+            "no cubin for a failed configuration"
+        );
     }
 }

@@ -32,6 +32,8 @@ pub enum CompileError {
     Nvrtc { label: String, log: String },
     #[error("cannot read kernel source {path}: {err}")]
     Source { path: String, err: String },
+    #[error("cannot write {path}: {err}")]
+    Output { path: String, err: String },
     #[error("NVRTC {call} failed for {label}: {code}")]
     Api {
         label: String,

@@ -21,7 +21,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 pub use crate::variants::KernelSpec;
-pub use compile::{check_all, default_arch, resources_all, CheckResults, Compiled, Compiler, ResourceResults};
+pub use compile::{
+    check_all, default_arch, dump_all, resources_all, CheckResults, Compiled, Compiler, ResourceResults,
+};
 pub use cudarc::driver::LaunchConfig;
 pub use device::{CudaDevice, DeviceBuffer, Graph, Kernel, KernelResources, Launch, LoadedModule, RawArg};
 pub use error::{CompileError, EnvError};
