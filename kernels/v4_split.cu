@@ -32,3 +32,31 @@ extern "C" __global__ void __launch_bounds__(v4::THREADS, 1)
   v4::attend(sm, src, row, h0, sr.beg + sr.a, static_cast<int>(sr.b - sr.a), acc);
   v4::store_partial(sm, acc, part_o, part_lse, sr.slot(), h0);
 }
+
+// v4_split for a plan of one split in every row (the host's pick), as
+// v4_split_wg.cu's: the CTA's range is its whole row, so it adds the sink
+// and writes bf16 o and lse itself, and no split_merge follows. A row of
+// length 0 (pad rows) gets split_merge's result: o = 0, lse = the sink.
+// grid (HK/64 or 1, rows), block 256; arguments as v4_split_wg.cu's.
+extern "C" __global__ void __launch_bounds__(v4::THREADS, 1)
+    v4_split_one(const unsigned char* __restrict__ q_packed, const __nv_bfloat16* __restrict__ q_rope,
+                 const unsigned char* __restrict__ pool_packed,
+                 const __nv_bfloat16* __restrict__ pool_rope, const int* __restrict__ kv_indptr,
+                 const int* __restrict__ kv_indices, const float* __restrict__ sink, float sm_scale,
+                 int rows, __nv_bfloat16* __restrict__ o, float* __restrict__ lse) {
+  extern __shared__ __align__(16) char sm[];
+  const int h0 = blockIdx.x * v4::HG, row = blockIdx.y;
+  if (row >= rows) return;
+  const int beg = kv_indptr[row], len = kv_indptr[row + 1] - beg;
+  if (len <= 0) {
+    const long long out0 = static_cast<long long>(row) * v4::HK + h0;
+    if (threadIdx.x < v4::HG) lse[out0 + threadIdx.x] = sink ? sink[h0 + threadIdx.x] : V4_NEG_INF;
+    uint4* z = reinterpret_cast<uint4*>(o + out0 * v4::D);
+    for (int k = threadIdx.x; k < v4::HG * v4::D / 8; k += v4::THREADS) z[k] = make_uint4(0u, 0u, 0u, 0u);
+    return;
+  }
+  const v4::Src src{q_packed, q_rope, pool_packed, pool_rope, kv_indices, sm_scale * v4::LOG2E};
+  v4::Acc acc;
+  v4::attend(sm, src, row, h0, beg, len, acc);
+  v4::store_final(sm, acc, o, lse, row, h0, sink);
+}

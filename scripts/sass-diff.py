@@ -9,8 +9,9 @@ Usage:
 Each configuration's cubin (same file name in both dirs) is disassembled
 with nvdisasm (NVDISASM, else on PATH; pip: nvidia-cuda-nvdisasm puts one
 at site-packages/nvidia/cu13/bin) and each function's instructions are
-compared with addresses, encodings and branch labels removed, so code
-that only moved compares equal. Prints the configurations that differ (and
+compared with addresses, encodings, branch labels and the numbers of
+shared helper routines (`__internal_N_...`) removed, so code that only
+moved compares equal. Prints the configurations that differ (and
 with --all the ones that do not), one line per function.
 Exit: 0 all the same, 1 some function differs or exists on one side only,
 2 bad usage or no nvdisasm.
@@ -42,6 +43,7 @@ def functions(tool, cubin):
             continue
         line = re.sub(r"/\*[0-9a-f]{4,}\*/", "", line)  # addresses and encodings
         line = re.sub(r"`?\(?\.L_x_\d+\)?", "L", line)  # branch targets
+        line = re.sub(r"__internal_\d+_", "__internal_", line)  # shared helpers, numbered per module
         line = line.strip()
         if line and not line.startswith((".", "//")):
             cur.append(line)

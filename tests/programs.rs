@@ -66,16 +66,16 @@ fn smoke_programs_validate_and_launch_only_checked_kernels() {
     assert!(checked > 100, "only {checked} smoke cases run");
 }
 
-/// v4_split's one-split plans on the wgmma core launch `v4_split_one`
-/// alone (it adds the sink itself); every other plan keeps the stage-1
-/// kernel and a merge after it.
+/// v4_split's one-split plans launch `v4_split_one` alone, on either core
+/// (it adds the sink itself); every other plan keeps the stage-1 kernel
+/// and a merge after it.
 #[test]
-fn v4_split_launches_the_one_split_entry_exactly_for_one_split_wgmma_plans() {
+fn v4_split_launches_the_one_split_entry_exactly_for_one_split_plans() {
     use mlabench::variants::v4::V4Core;
     use mlabench::variants::v4_split::{plan::SplitPlan, ONE_SPLIT_ENTRY};
     let sc = mlabench::scenario::load(Path::new("scenarios/smoke.toml")).unwrap();
     let mut caches = Caches::default();
-    let (mut one, mut two) = (0, 0);
+    let (mut one, mut two) = ([0, 0], 0);
     for case in mlabench::scenario::expand(&sc).cases {
         if case.variant != mlabench::variants::v4_split::ID {
             continue;
@@ -94,11 +94,16 @@ fn v4_split_launches_the_one_split_entry_exactly_for_one_split_wgmma_plans() {
         };
         let programs = unit.programs(&job).unwrap();
         let calls = &programs[0].calls;
-        if s.n == 1 && s.core().0 == V4Core::Wg {
+        if s.n == 1 {
             assert_eq!(calls.len(), 1, "{}: the one-split entry alone", case.key());
             assert_eq!(calls[0].entry, ONE_SPLIT_ENTRY, "{}", case.key());
             assert_eq!(calls[0].grid.2, 1, "{}: one split", case.key());
-            one += 1;
+            assert!(
+                calls[0].kernel.entry_points.contains(&ONE_SPLIT_ENTRY),
+                "{}",
+                case.key()
+            );
+            one[usize::from(s.core().0 == V4Core::Wg)] += 1;
         } else {
             assert_eq!(calls.len(), 2, "{}: stage 1 and a merge", case.key());
             assert_eq!(calls[0].entry, "v4_split", "{}", case.key());
@@ -107,7 +112,7 @@ fn v4_split_launches_the_one_split_entry_exactly_for_one_split_wgmma_plans() {
         }
     }
     assert!(
-        one >= 2 && two >= 10,
-        "smoke covers both launches: {one} one-split, {two} two-kernel"
+        one[0] >= 2 && one[1] >= 2 && two >= 10,
+        "smoke covers both launches: {one:?} one-split (mma, wgmma), {two} two-kernel"
     );
 }

@@ -2,9 +2,9 @@
 //! split plan (SPEC §2 "Variant v4_split"): `n` from the heuristic per layer
 //! type (or a fixed `n`, or the kernel's own pick), the split CSR a row of
 //! the uniform `[16, T+1]` table, f32 partials without the sink, then
-//! `split_merge` adds the sink once. A one-split plan on the wgmma core
-//! needs no merge: its entry writes o with the sink, as aiter's decode
-//! skips its second stage at `num_kv_splits == 1`.
+//! `split_merge` adds the sink once. A one-split plan needs no merge: its
+//! entry writes o with the sink, as aiter's decode skips its second stage at
+//! `num_kv_splits == 1`.
 
 pub mod plan;
 
@@ -34,7 +34,7 @@ static INFO: VariantInfo = VariantInfo {
     kind: crate::variants::external::Contract::V4Decode,
     family: Family::V4,
     kernel_file: "v4_split.cu",
-    contract: "V4 native-FP8 decode with a caller-built split plan from the uniform [16, T+1] table (or its own pick), attention sink, split_merge (a one-split plan on the wgmma core adds the sink in-kernel)",
+    contract: "V4 native-FP8 decode with a caller-built split plan from the uniform [16, T+1] table (or its own pick), attention sink, split_merge (a one-split plan adds the sink in-kernel)",
     nondeterministic: None,
     native_page_size: 1,
     takes_split_axis: true,
@@ -45,13 +45,11 @@ pub struct V4Split;
 /// The kernel of `core` for `hk` kernel heads.
 pub fn spec(hk: usize, core: V4Core) -> KernelSpec {
     let mut k = core.spec("v4_split.cu", "v4_split_wg.cu", "v4_split", hk);
-    if core == V4Core::Wg {
-        k.entry_points.push(ONE_SPLIT_ENTRY);
-    }
+    k.entry_points.push(ONE_SPLIT_ENTRY);
     k
 }
 
-/// The wgmma core's entry for a plan of one split a row: the whole row in
+/// Either core's entry for a plan of one split a row: the whole row in
 /// one pass, so it writes o with the sink and no merge follows.
 pub const ONE_SPLIT_ENTRY: &str = "v4_split_one";
 
@@ -168,7 +166,7 @@ impl Run {
             dependent: false,
         };
         let scale = Arg::F32(w.p.sm_scale as f32);
-        if core == V4Core::Wg && s.n == 1 {
+        if s.n == 1 {
             let tail = vec![
                 Arg::Buf(inp.sink),
                 scale,
