@@ -50,9 +50,7 @@ extern "C" __global__ void __launch_bounds__(v4::THREADS, 1)
   const int beg = kv_indptr[row], len = kv_indptr[row + 1] - beg;
   if (len <= 0) {
     const long long out0 = static_cast<long long>(row) * v4::HK + h0;
-    if (threadIdx.x < v4::HG) lse[out0 + threadIdx.x] = sink ? sink[h0 + threadIdx.x] : V4_NEG_INF;
-    uint4* z = reinterpret_cast<uint4*>(o + out0 * v4::D);
-    for (int k = threadIdx.x; k < v4::HG * v4::D / 8; k += v4::THREADS) z[k] = make_uint4(0u, 0u, 0u, 0u);
+    V4_SPLIT_EMPTY_ROW(v4::HG, v4::THREADS, sink, h0, out0, o, lse);
     return;
   }
   const v4::Src src{q_packed, q_rope, pool_packed, pool_rope, kv_indices, sm_scale * v4::LOG2E};

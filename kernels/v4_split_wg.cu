@@ -84,9 +84,7 @@ extern "C" __global__ void __launch_bounds__(wg::THREADS, 1)
   const int beg = kv_indptr[row], len = kv_indptr[row + 1] - beg;
   const long long out0 = static_cast<long long>(row) * HK + h0;
   if (len <= 0) {
-    if (threadIdx.x < wg::BM) lse[out0 + threadIdx.x] = sink ? sink[h0 + threadIdx.x] : ninf();
-    uint4* z = reinterpret_cast<uint4*>(o + out0 * D_V);
-    for (int k = threadIdx.x; k < wg::BM * D_V / 8; k += wg::THREADS) z[k] = make_uint4(0u, 0u, 0u, 0u);
+    V4_SPLIT_EMPTY_ROW(wg::BM, wg::THREADS, sink, h0, out0, o, lse);
     return;
   }
   const unsigned base = wg::setup(smem);

@@ -6,18 +6,18 @@
 
 use std::path::Path;
 
+use mlabench::case::Case;
 use mlabench::runner::Caches;
-use mlabench::variants::{self, Job, PlanData};
+use mlabench::variants::program::Program;
+use mlabench::variants::{self, Job, KernelSpec, PlanData};
 
-#[test]
-fn smoke_programs_validate_and_launch_only_checked_kernels() {
+/// Every smoke case a GPU would run, with its variant's kernels and programs.
+fn for_each_smoke_program(mut f: impl FnMut(&Case, &[KernelSpec], &[Program])) {
     let sc = mlabench::scenario::load(Path::new("scenarios/smoke.toml")).unwrap();
     let mut cases = mlabench::scenario::expand(&sc).cases;
     // Cases sharing inputs next to each other, as a run orders them.
     cases.sort_by(|a, b| a.data_id.cmp(&b.data_id));
-    let compiled = variants::all_kernels();
     let mut caches = Caches::default();
-    let mut checked = 0;
     for case in &cases {
         let d = variants::decide(case);
         if d.skip.is_some() {
@@ -36,6 +36,15 @@ fn smoke_programs_validate_and_launch_only_checked_kernels() {
             rows: &refs.rows,
         };
         let programs = unit.programs(&job).unwrap_or_else(|e| panic!("{}: {e}", case.key()));
+        f(case, &unit.kernels(case, &d), &programs);
+    }
+}
+
+#[test]
+fn smoke_programs_validate_and_launch_only_checked_kernels() {
+    let compiled = variants::all_kernels();
+    let mut checked = 0;
+    for_each_smoke_program(|case, launched, programs| {
         assert!(!programs.is_empty(), "{}: no program", case.key());
         assert_eq!(
             programs.iter().filter(|p| p.timed).count(),
@@ -43,8 +52,7 @@ fn smoke_programs_validate_and_launch_only_checked_kernels() {
             "{}: one pass is timed",
             case.key()
         );
-        let launched = unit.kernels(case, &d);
-        for p in &programs {
+        for p in programs {
             p.validate().unwrap_or_else(|e| panic!("{}: {e}", case.key()));
             for c in &p.calls {
                 assert!(
@@ -62,8 +70,47 @@ fn smoke_programs_validate_and_launch_only_checked_kernels() {
             }
         }
         checked += 1;
-    }
+    });
     assert!(checked > 100, "only {checked} smoke cases run");
+}
+
+/// A second kernel launched as a programmatic dependent runs so only where
+/// its module defines `mlab_pdl_waits` (kernels/common/pdl.cuh); else the
+/// host launches it in stream order, and a lost include would show only as
+/// time. One configuration per file: the symbol comes from an include.
+#[cfg(feature = "cuda")]
+#[test]
+fn modules_of_dependent_launches_say_they_wait() {
+    use mlabench::backend::cuda::{device::elf_has_symbol, Compiler};
+    use std::collections::BTreeMap;
+    let mut files = BTreeMap::new();
+    for_each_smoke_program(|_, _, programs| {
+        for c in programs.iter().flat_map(|p| &p.calls).filter(|c| c.dependent) {
+            files.entry(c.kernel.file).or_insert_with(|| c.kernel.clone());
+        }
+    });
+    for f in ["ps1.cu", "ps1_wg.cu", "page64.cu", "page64_wg.cu"] {
+        assert!(files.contains_key(f), "smoke launches no dependent of {f}: {files:?}");
+    }
+    let kernels = Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels");
+    let compiler = match Compiler::new(&kernels, "sm_90a") {
+        Ok(c) => c,
+        Err(e) if std::env::var("MLABENCH_REQUIRE_NVRTC").is_ok_and(|v| v == "1") => {
+            panic!("MLABENCH_REQUIRE_NVRTC=1 but NVRTC is unusable: {e}")
+        }
+        Err(e) => return eprintln!("skipping the NVRTC part: {e}"),
+    };
+    for spec in files.values() {
+        let cubin = compiler
+            .compile(spec)
+            .unwrap_or_else(|e| panic!("{}: {e}", spec.label()))
+            .cubin;
+        assert!(
+            elf_has_symbol(&cubin, "mlab_pdl_waits"),
+            "{} is launched as a dependent but does not define mlab_pdl_waits",
+            spec.label()
+        );
+    }
 }
 
 /// v4_split's one-split plans launch `v4_split_one` alone, on either core

@@ -28,4 +28,17 @@ __device__ __forceinline__ bool split_range(const int* __restrict__ split_indptr
   return true;
 }
 
+// A row with no tokens in a one-split plan (v4_split_one on either core):
+// only the sink's key, so o = 0 and lse = sink (-inf without one) for heads
+// h0 .. h0+HEADS-1, whose outputs start at (row, head) index out0. A macro:
+// as an inlined function it put 4 of the wgmma entry's registers on the
+// stack (nvdisasm), and the mma entry compiles the same either way.
+#define V4_SPLIT_EMPTY_ROW(HEADS, THREADS, sink, h0, out0, o, lse)                                            \
+  do {                                                                                                        \
+    if (threadIdx.x < (HEADS))                                                                                \
+      (lse)[(out0) + threadIdx.x] = (sink) ? (sink)[(h0) + threadIdx.x] : -__int_as_float(0x7f800000);        \
+    uint4* z_ = reinterpret_cast<uint4*>((o) + (out0) * 512);                                                 \
+    for (int k_ = threadIdx.x; k_ < (HEADS) * 512 / 8; k_ += (THREADS)) z_[k_] = make_uint4(0u, 0u, 0u, 0u);  \
+  } while (0)
+
 }  // namespace v4split
