@@ -2,6 +2,7 @@
 // Q layout and local combine on several GPUs. No defines.
 // ABI: kernels/ABI.md.
 #include "common/merge.cuh"
+#include "common/pdl.cuh"
 
 using namespace mla;
 
@@ -51,6 +52,7 @@ extern "C" __global__ void __launch_bounds__(128)
   const int s0 = split_indptr[i], n = split_indptr[i + 1] - s0;
   const float sk = sink ? sink[h] : -__int_as_float(0x7f800000);
   const long long p0 = static_cast<long long>(s0) * H + h;
+  pdl_wait_primary();  // the partials come from v4_split, launched before
   merge_row_f32(part_o + p0 * 512, static_cast<long long>(H) * 512, part_lse + p0, H, n, sk, o + rh * 512,
                 lse + rh);
 }
@@ -76,6 +78,7 @@ extern "C" __global__ void __launch_bounds__(128)
 #pragma unroll
   for (int j = 0; j < SPLIT_MERGE_HEADS; ++j) sk[j] = sink && j < nh ? sink[h0 + j] : -__int_as_float(0x7f800000);
   const long long p0 = static_cast<long long>(s0) * H + h0;
+  pdl_wait_primary();
   merge_heads_f32(part_o + p0 * 512, static_cast<long long>(H) * 512, part_lse + p0, H, n, sk, nh,
                   o + (i * H + h0) * 512, lse + i * H + h0);
 }

@@ -1,9 +1,11 @@
 // DeepSeek-V4 native-FP8 decode with a caller-built split plan (SPEC section 2,
 // variant v4_split). Stage 1 of 2: every (row, split, head group) CTA writes an
-// f32 partial without the sink; split_merge (merge.cu) adds the sink once.
+// f32 partial without the sink; split_merge (merge.cu), a programmatic
+// dependent (common/pdl.cuh), adds the sink once.
 // The plan is read from device memory, so a captured graph replays correctly
 // with new kv_indptr / kv_indices contents.
 #include "v4_core.cuh"
+#include "common/pdl.cuh"
 #include "common/v4_split_range.cuh"
 
 // grid (HK/64 or 1, rows, n_max), block 256, dynamic smem v4::SMEM_BYTES (head
@@ -17,6 +19,7 @@ extern "C" __global__ void __launch_bounds__(v4::THREADS, 1)
              const int* __restrict__ kv_indices, const int* __restrict__ split_indptr,
              float sm_scale, int rows, float* __restrict__ part_o, float* __restrict__ part_lse) {
   extern __shared__ __align__(16) char sm[];
+  mla::pdl_launch_dependents();  // split_merge may start; it waits for the partials
   const int h0 = blockIdx.x * v4::HG, row = blockIdx.y, s = blockIdx.z;
   v4split::Range sr;
   if (!v4split::split_range(split_indptr, kv_indptr, row, s, rows, sr)) return;

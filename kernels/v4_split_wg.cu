@@ -5,6 +5,7 @@
 // A plan of one split a row takes v4_split_one, which writes o itself.
 // Same ABI as v4_split.cu except the block: kernels/ABI.md.
 // Defines: HK (64 or 128), KV_FP8=1, WG_V4=1.
+#include "common/pdl.cuh"
 #include "common/v4_split_range.cuh"
 #include "common/wg_v4.cuh"
 
@@ -44,6 +45,7 @@ extern "C" __global__ void __launch_bounds__(wg::THREADS, 1)
              float* __restrict__ part_lse) {
   extern __shared__ __align__(1024) unsigned char smem[];
   wg::check_launch();
+  pdl_launch_dependents();  // split_merge may start; it waits for the partials
   const int h0 = blockIdx.x * wg::BM, row = blockIdx.y;
   v4split::Range sr;
   if (!v4split::split_range(split_indptr, kv_indptr, row, blockIdx.z, rows, sr)) return;

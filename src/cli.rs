@@ -324,9 +324,9 @@ pub struct Execution {
     /// Time CUDA-graph replays instead of individual launches.
     #[arg(long)]
     pub graph: bool,
-    /// How ps1's reduce and page64's merge follow their forward: pdl
-    /// (programmatic dependent launch: launched at the forward's start, they
-    /// wait for it on the device) or stream (launched after it).
+    /// How ps1's reduce and page64's and v4_split's merges follow their
+    /// forward: pdl (programmatic dependent launch: launched at the forward's
+    /// start, they wait for it on the device) or stream (launched after it).
     #[arg(long, default_value = "pdl", value_parser = handoffs())]
     pub handoff: String,
     /// Untimed launches before the samples.

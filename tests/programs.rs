@@ -8,7 +8,7 @@ use std::path::Path;
 
 use mlabench::case::Case;
 use mlabench::runner::Caches;
-use mlabench::variants::program::Program;
+use mlabench::variants::program::{Program, Smem};
 use mlabench::variants::{self, Job, KernelSpec, PlanData};
 
 /// Every smoke case a GPU would run, with its variant's kernels and programs.
@@ -89,7 +89,7 @@ fn modules_of_dependent_launches_say_they_wait() {
             files.entry(c.kernel.file).or_insert_with(|| c.kernel.clone());
         }
     });
-    for f in ["ps1.cu", "ps1_wg.cu", "page64.cu", "page64_wg.cu"] {
+    for f in ["merge.cu", "ps1.cu", "ps1_wg.cu", "page64.cu", "page64_wg.cu"] {
         assert!(files.contains_key(f), "smoke launches no dependent of {f}: {files:?}");
     }
     let kernels = Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels");
@@ -155,6 +155,17 @@ fn v4_split_launches_the_one_split_entry_exactly_for_one_split_plans() {
             assert_eq!(calls.len(), 2, "{}: stage 1 and a merge", case.key());
             assert_eq!(calls[0].entry, "v4_split", "{}", case.key());
             assert!(calls[1].entry.starts_with("split_merge"), "{}", case.key());
+            // The merge may start during stage 1 (it waits on the device).
+            let (x, y, z) = calls[1].grid;
+            assert!(calls[1].second && calls[1].dependent, "{}", case.key());
+            assert_eq!(
+                calls[1].smem,
+                Smem::DependentMerge {
+                    blocks: (x * y * z) as usize
+                },
+                "{}",
+                case.key()
+            );
             two += 1;
         }
     }

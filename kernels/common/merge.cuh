@@ -6,6 +6,14 @@
 
 namespace mla {
 
+// Every read of a part's o or LSE. Not ld.global.nc (`__ldg`, or what NVVM
+// makes of a const __restrict__ read): the merges run as programmatic
+// dependents of their forward (pdl.cuh), and ptxas may move .nc loads, whose
+// data is read-only for the whole kernel, above griddepcontrol.wait, ahead of
+// the forward's writes. ld.global.ca keeps the LSEs' second pass in L1.
+__device__ __forceinline__ float ld_part(const float* p) { return __ldca(p); }
+__device__ __forceinline__ float4 ld_part4(const float* p) { return __ldca(reinterpret_cast<const float4*>(p)); }
+
 // NaN and +inf LSEs mean "this part saw nothing".
 __device__ __forceinline__ float lse_clean(float x) {
   return (x != x || x == __int_as_float(0x7f800000)) ? -__int_as_float(0x7f800000) : x;
@@ -20,7 +28,7 @@ __device__ __forceinline__ float lse_max_from(const float* lse, long long stride
   for (; r0 < n; r0 += LSE_BATCH) {
     float x[LSE_BATCH];
 #pragma unroll
-    for (int k = 0; k < LSE_BATCH; ++k) x[k] = r0 + k < n ? lse_clean(lse[(r0 + k) * stride]) : ninf;
+    for (int k = 0; k < LSE_BATCH; ++k) x[k] = r0 + k < n ? lse_clean(ld_part(lse + (r0 + k) * stride)) : ninf;
 #pragma unroll
     for (int k = 0; k < LSE_BATCH; ++k) m = fmaxf(m, x[k]);
   }
@@ -29,7 +37,7 @@ __device__ __forceinline__ float lse_max_from(const float* lse, long long stride
 __device__ __forceinline__ float lse_sum_from(const float* lse, long long stride, int r0, int n, float m, float sum) {
   const float ninf = -__int_as_float(0x7f800000);
   for (int r = r0; r < n; ++r) {
-    const float x = lse_clean(lse[r * stride]);
+    const float x = lse_clean(ld_part(lse + r * stride));
     if (x != ninf) sum += expf(x - m);
   }
   return sum;
@@ -89,7 +97,7 @@ __device__ __forceinline__ void merge_row_f32(const float* __restrict__ po, long
   float4 v0[O_BATCH];
 #pragma unroll
   for (int k = 0; k < O_BATCH; ++k)
-    v0[k] = k < n ? __ldg(reinterpret_cast<const float4*>(po + k * po_stride + d)) : make_float4(0.f, 0.f, 0.f, 0.f);
+    v0[k] = k < n ? ld_part4(po + k * po_stride + d) : make_float4(0.f, 0.f, 0.f, 0.f);
   const float g = merge_lse(pl, pl_stride, n, sink);
   float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
   for (int r0 = 0; r0 < n; r0 += O_BATCH) {
@@ -97,9 +105,9 @@ __device__ __forceinline__ void merge_row_f32(const float* __restrict__ po, long
     float4 v[O_BATCH];
 #pragma unroll
     for (int k = 0; k < O_BATCH; ++k) {
-      w[k] = r0 + k < n ? merge_weight(pl[(r0 + k) * pl_stride], g) : 0.f;
+      w[k] = r0 + k < n ? merge_weight(ld_part(pl + (r0 + k) * pl_stride), g) : 0.f;
       v[k] = r0 == 0 ? v0[k]
-             : w[k] != 0.f ? __ldg(reinterpret_cast<const float4*>(po + (r0 + k) * po_stride + d))
+             : w[k] != 0.f ? ld_part4(po + (r0 + k) * po_stride + d)
                            : make_float4(0.f, 0.f, 0.f, 0.f);
     }
 #pragma unroll
@@ -141,10 +149,10 @@ __device__ __forceinline__ void merge_heads_f32(const float* __restrict__ po, lo
 #pragma unroll
   for (int j = 0; j < HB; ++j) {
 #pragma unroll
-    for (int k = 0; k < LB; ++k) x[j][k] = j < nh && k < n ? lse_clean(pl[j + k * pl_stride]) : ninf;
+    for (int k = 0; k < LB; ++k) x[j][k] = j < nh && k < n ? lse_clean(ld_part(pl + j + k * pl_stride)) : ninf;
 #pragma unroll
     for (int k = 0; k < OB; ++k)
-      v[j][k] = j < nh && k < n ? __ldg(reinterpret_cast<const float4*>(po + j * 512 + k * po_stride + d))
+      v[j][k] = j < nh && k < n ? ld_part4(po + j * 512 + k * po_stride + d)
                                 : make_float4(0.f, 0.f, 0.f, 0.f);
   }
   float g[HB];
@@ -159,14 +167,14 @@ __device__ __forceinline__ void merge_heads_f32(const float* __restrict__ po, lo
     for (int j = 0; j < HB; ++j)
 #pragma unroll
       for (int k = 0; k < OB; ++k)
-        w[j][k] = j < nh && r0 + k < n ? merge_weight(pl[j + (r0 + k) * pl_stride], g[j]) : 0.f;
+        w[j][k] = j < nh && r0 + k < n ? merge_weight(ld_part(pl + j + (r0 + k) * pl_stride), g[j]) : 0.f;
     if (r0) {
 #pragma unroll
       for (int j = 0; j < HB; ++j)
 #pragma unroll
         for (int k = 0; k < OB; ++k)
           v[j][k] = w[j][k] != 0.f
-                        ? __ldg(reinterpret_cast<const float4*>(po + j * 512 + (r0 + k) * po_stride + d))
+                        ? ld_part4(po + j * 512 + (r0 + k) * po_stride + d)
                         : make_float4(0.f, 0.f, 0.f, 0.f);
     }
 #pragma unroll

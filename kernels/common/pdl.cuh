@@ -1,8 +1,9 @@
 // Programmatic dependent launch (PDL) of a forward's second kernel (ps1's
-// reduce, page64's merge): the forward lets it launch at once, so its blocks
-// are resident and past their own prologue when the forward ends, and the
-// second kernel waits for the forward's results itself. Both instructions are
-// no-ops when the launch is not a programmatic dependent one.
+// reduce, page64's and v4_split's merges): the forward lets it launch at
+// once, so its blocks are resident and past their own prologue when the
+// forward ends, and the second kernel waits for the forward's results
+// itself. Both instructions are no-ops when the launch is not a
+// programmatic dependent one.
 #pragma once
 
 namespace mla {

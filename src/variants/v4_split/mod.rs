@@ -2,9 +2,9 @@
 //! split plan (SPEC §2 "Variant v4_split"): `n` from the heuristic per layer
 //! type (or a fixed `n`, or the kernel's own pick), the split CSR a row of
 //! the uniform `[16, T+1]` table, f32 partials without the sink, then
-//! `split_merge` adds the sink once. A one-split plan needs no merge: its
-//! entry writes o with the sink, as aiter's decode skips its second stage at
-//! `num_kv_splits == 1`.
+//! `split_merge`, a programmatic dependent, adds the sink once. A one-split
+//! plan needs no merge: its entry writes o with the sink, as aiter's decode
+//! skips its second stage at `num_kv_splits == 1`.
 
 pub mod plan;
 
@@ -195,7 +195,9 @@ impl Run {
             entry,
             grid,
             block: 128,
-            smem: Smem::Fixed(0),
+            smem: Smem::DependentMerge {
+                blocks: grid.0 as usize * grid.1 as usize * grid.2 as usize,
+            },
             args: vec![
                 Arg::Buf(part_o),
                 Arg::Buf(part_lse),
@@ -207,7 +209,7 @@ impl Run {
                 Arg::Buf(inp.lse),
             ],
             second: true,
-            dependent: false,
+            dependent: true,
         });
         Ok(vec![p])
     }
