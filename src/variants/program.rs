@@ -89,13 +89,11 @@ impl TileMap {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Smem {
     Fixed(u32),
-    /// A merge of `blocks` blocks that may start during its forward: launched
-    /// as a programmatic dependent it asks for enough shared memory that at
-    /// most `ceil(blocks / SMs)` of its blocks share an SM (else they pile
+    /// A merge that may start during its forward: launched as a
+    /// programmatic dependent it asks for enough shared memory that at most
+    /// `ceil(blocks / SMs)` of its grid's blocks share an SM (else they pile
     /// onto the few SMs the forward leaves idle); launched after it, none.
-    DependentMerge {
-        blocks: usize,
-    },
+    DependentMerge,
 }
 
 /// One kernel launch.

@@ -174,8 +174,11 @@ impl CudaBackend {
             let args: Vec<RawArg> = c.args.iter().map(|a| self.raw(a, l)).collect::<R<_>>()?;
             let smem = match c.smem {
                 Smem::Fixed(b) => b,
-                Smem::DependentMerge { blocks } if *pdl => self.merge_smem(blocks),
-                Smem::DependentMerge { .. } => 0,
+                Smem::DependentMerge if *pdl => {
+                    let (x, y, z) = c.grid;
+                    self.merge_smem(x as usize * y as usize * z as usize)
+                }
+                Smem::DependentMerge => 0,
             };
             let cfg = LaunchConfig {
                 grid_dim: c.grid,

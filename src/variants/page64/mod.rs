@@ -335,7 +335,7 @@ impl Variant for Page64 {
                     entry: "page64_merge",
                     grid: (n as u32, hk as u32, 1),
                     block: 128,
-                    smem: Smem::DependentMerge { blocks: n * hk },
+                    smem: Smem::DependentMerge,
                     args: vec![
                         Arg::Buf(part_o),
                         Arg::Buf(part_lse),

@@ -394,7 +394,7 @@ impl Variant for Ps1 {
                     entry: "ps1_reduce",
                     grid: (n_red as u32, hk as u32, 1),
                     block: 128,
-                    smem: Smem::DependentMerge { blocks: n_red * hk },
+                    smem: Smem::DependentMerge,
                     args: vec![
                         Arg::Buf(part_o),
                         Arg::Buf(part_lse),

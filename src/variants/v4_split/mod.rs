@@ -195,9 +195,7 @@ impl Run {
             entry,
             grid,
             block: 128,
-            smem: Smem::DependentMerge {
-                blocks: grid.0 as usize * grid.1 as usize * grid.2 as usize,
-            },
+            smem: Smem::DependentMerge,
             args: vec![
                 Arg::Buf(part_o),
                 Arg::Buf(part_lse),
