@@ -108,8 +108,57 @@ pub fn heuristic(rows: usize, heads: usize, kv_len_bound: usize, cus: usize) -> 
     if kv_len_bound / n <= SHORT_SPLIT_TOKENS && n > cus / ctas {
         n = (cus / ctas).max(1);
         why += &format!(", {n} to stay in one wave of short splits");
+    } else if heads >= HEADS_PER_CTA {
+        let cap = (kv_len_bound / SPLIT_TILE_TOKENS).clamp(1, MAX_SPLITS);
+        let waved = wave_splits(n, ctas, cus, cap);
+        if waved != n {
+            why += &format!(
+                ", {waved} to fill the waves: {ctas} CTAs a split on {cus} CUs, {:.0}% of the last wave busy at {n}, {:.0}% at {waved}",
+                100.0 * wave_fill(n, ctas, cus),
+                100.0 * wave_fill(waved, ctas, cus)
+            );
+            n = waved;
+        }
     }
     (n.max(1), why)
+}
+
+/// The share of the launch's waves its CTAs fill: `ctas * n` CTAs of one
+/// per SM over `ceil(ctas * n / cus)` waves.
+pub fn wave_fill(n: usize, ctas: usize, cus: usize) -> f64 {
+    let total = ctas * n;
+    let cus = cus.max(1);
+    total as f64 / (total.div_ceil(cus) * cus) as f64
+}
+
+/// Below this fill the last wave idles enough SMs to move n by one.
+pub const MIN_WAVE_FILL: f64 = 0.9;
+
+/// n moved to fill the waves, where a V4 CTA holds an SM alone (64+ heads,
+/// both cores): a launch lasts as many waves as it starts, so 192 CTAs on
+/// 132 SMs cost two waves of 132. A launch of more than one wave whose
+/// waves are under `MIN_WAVE_FILL` busy moves n to the neighbour that
+/// fills more (the smaller on a tie: fewer partials to merge). Measured on
+/// `mlabench splits` at 64 heads, 64 rows of 8k-16k entries
+/// (results/h200/dsv4-peers-splits): n = 2 / 3 / 4 took 507 / 551 / 486 us,
+/// the fill 97% / 73% / 97%. Under one wave n stays: more splits helped
+/// long lists there and cost short ones 43% (docs/v4-heuristic.md), and the
+/// bound does not tell them apart.
+pub fn wave_splits(n: usize, ctas: usize, cus: usize, cap: usize) -> usize {
+    let ctas = ctas.max(1);
+    if ctas * n <= cus || wave_fill(n, ctas, cus) >= MIN_WAVE_FILL {
+        return n;
+    }
+    [n.saturating_sub(1).max(1), (n + 1).min(cap.max(n))]
+        .into_iter()
+        .filter(|&m| m != n)
+        .fold(n, |best, m| {
+            if wave_fill(m, ctas, cus) > wave_fill(best, ctas, cus) {
+                m
+            } else {
+                best
+            }
+        })
 }
 
 /// The kernel's own pick when no plan is passed. Modeled on aiter's
@@ -315,6 +364,27 @@ mod tests {
         assert_eq!(heuristic_splits(1, 16, 100, 132), 3);
         // Degenerate inputs still give one split.
         assert_eq!(heuristic_splits(0, 0, 0, 0), 1);
+    }
+
+    #[test]
+    fn wave_splits_by_hand() {
+        // 64 rows x 64 heads: 3 splits start 192 CTAs, 73% of two waves;
+        // 2 and 4 fill 97%, and the smaller wins the tie.
+        assert!((wave_fill(3, 64, 132) - 192.0 / 264.0).abs() < 1e-12);
+        assert_eq!(wave_splits(3, 64, 132, 16), 2);
+        assert_eq!(heuristic_splits(64, 64, 8320, 132), 2);
+        // 128 rows x 64 heads: 384 of 396 busy, kept.
+        assert_eq!(wave_splits(3, 128, 132, 16), 3);
+        // Under one wave n stays.
+        assert_eq!(wave_splits(5, 16, 132, 16), 5);
+        assert_eq!(heuristic_splits(16, 64, 8320, 132), 5);
+        // The cap keeps n + 1 out: 64 rows on a 96-token bound.
+        assert_eq!(wave_splits(3, 64, 132, 3), 2);
+        // 16 heads (several CTAs an SM) keep the formula.
+        assert_eq!(heuristic_splits(64, 16, 8320, 132), 5);
+        assert!(heuristic(64, 64, 8320, 132)
+            .1
+            .ends_with("73% of the last wave busy at 3, 97% at 2"));
     }
 
     #[test]
