@@ -2213,9 +2213,11 @@ mod tests {
             p.padded_rows = k + 8;
             est(&s, &o).unwrap().device
         };
-        // The L2 flush and one page per buffer stay; pools and partials shrink.
+        // The L2 flush and one page per buffer stay; pools (and partials,
+        // where the plan splits: 64 rows x 128 heads at 1M take whole rows)
+        // shrink.
         assert!(
-            at(1) + (40 << 20) < whole.device,
+            at(1) + (32 << 20) < whole.device,
             "{} of {}",
             human(at(1)),
             human(whole.device)

@@ -64,11 +64,21 @@ pub const SHORT_SPLIT_TOKENS: usize = 64;
 /// grows with `max_model_len` and its rows spread far below it.
 pub const WHOLE_ROW_MAX_BOUND: usize = 2048;
 
+/// Largest bound at which 64+ heads take whole rows (n = 1) once the rows
+/// alone fill the waves (`MIN_WAVE_FILL`): HCA at a 1M context. No split
+/// means no merge and no per-split CTA cost, and a wave of such rows is
+/// balanced enough; at 2M (a 16512-token bound, rows of 8k-16k) the
+/// longest row made the launch 2-11% slower than 2-3 splits
+/// (docs/v4-heuristic.md).
+pub const WHOLE_ROW_FILL_MAX_BOUND: usize = 8320;
+
 /// Our split count for `rows` rows whose KV is at most `kv_len_bound` long.
 ///
 /// With 64 or more heads and a bound in `WG_MIN_SPLIT_TOKENS..=2048`: as
 /// many splits as one wave holds, `cus / (rows * ceil(H/64))`, at least one
-/// (`WHOLE_ROW_MAX_BOUND`). Otherwise
+/// (`WHOLE_ROW_MAX_BOUND`). With 64 or more heads, a bound of at most 8320
+/// and whole rows filling the waves (`wave_fill(1) >= MIN_WAVE_FILL`): one
+/// (`WHOLE_ROW_FILL_MAX_BOUND`). Otherwise
 /// `n = round(8 * (256 * cus / (132 * rows * H))^0.31)`, at most one
 /// 32-token tile of the bound per split and 16; when a split would hold at
 /// most 64 bound tokens, n also stays within one wave (`rows * ceil(H/64) * n
@@ -96,6 +106,15 @@ pub fn heuristic(rows: usize, heads: usize, kv_len_bound: usize, cus: usize) -> 
         return (
             n,
             format!("one wave of splits: {heads} heads >= {wg} on a {kv_len_bound}-token bound, {ctas} CTAs a split on {cus} CUs"),
+        );
+    }
+    if heads >= wg && kv_len_bound <= WHOLE_ROW_FILL_MAX_BOUND && wave_fill(1, ctas, cus) >= MIN_WAVE_FILL {
+        return (
+            1,
+            format!(
+                "whole rows fill the waves: {heads} heads >= {wg}, {ctas} CTAs on {cus} CUs, {:.0}% busy at n=1, a {kv_len_bound}-token bound <= {WHOLE_ROW_FILL_MAX_BOUND}",
+                100.0 * wave_fill(1, ctas, cus)
+            ),
         );
     }
     let scale = REFERENCE_HEAD_ROWS * cus.max(1) as f64 / (REFERENCE_CUS * (rows * heads) as f64);
@@ -339,9 +358,14 @@ mod tests {
         assert_eq!(heuristic_splits(16, 16, 1152, 132), 8);
         // 8x the head-rows: 8 * 8^-0.31 = 4.2.
         assert_eq!(heuristic_splits(16, 128, 8320, 132), 4);
-        // 64 rows x 128 heads: 8 * 32^-0.31 = 2.7; 256 rows: 1.8.
-        assert_eq!(heuristic_splits(64, 128, 8320, 132), 3);
-        assert_eq!(heuristic_splits(256, 128, 8320, 132), 2);
+        // 64 rows x 128 heads on a 2M context's bound: 8 * 32^-0.31 = 2.7;
+        // 256 rows: 1.8. At 1M (8320) their whole rows fill the waves: 1.
+        assert_eq!(heuristic_splits(64, 128, 16512, 132), 3);
+        assert_eq!(heuristic_splits(256, 128, 16512, 132), 2);
+        assert_eq!(heuristic_splits(64, 128, 8320, 132), 1);
+        assert_eq!(heuristic_splits(256, 128, 8320, 132), 1);
+        assert_eq!(heuristic_splits(128, 64, 8320, 132), 1);
+        assert_eq!(heuristic_splits(64, 64, 8320, 132), 2);
         // SWA (bound 128): at most 4 one-tile splits, and they stay in one
         // wave: 64 rows at 16 heads launch 64 CTAs a split, so 2.
         assert_eq!(heuristic_splits(16, 16, 128, 132), 4);
@@ -350,16 +374,18 @@ mod tests {
         // CSA lists (bound 1152) at 64+ heads: one wave of splits. 64 rows
         // x 2 groups = 128 CTAs: whole rows; 64 rows x 1 group: 2 splits;
         // 16 rows x 2 groups: 4; 256 rows: whole rows over two waves. Past
-        // the bound's limit, the formula.
+        // 2048, whole rows still while they fill the waves (to 8320), then
+        // the formula.
         assert_eq!(heuristic_splits(64, 128, 1152, 132), 1);
         assert_eq!(heuristic_splits(64, 64, 1152, 132), 2);
         assert_eq!(heuristic_splits(16, 128, 1152, 132), 4);
         assert_eq!(heuristic_splits(256, 64, 1152, 132), 1);
         assert_eq!(heuristic_splits(1, 64, 1152, 132), 16);
-        assert_eq!(heuristic_splits(64, 128, 2176, 132), 3);
+        assert_eq!(heuristic_splits(64, 128, 2176, 132), 1);
+        assert_eq!(heuristic_splits(64, 128, 16512, 132), 3);
         assert_eq!(heuristic_splits(64, 32, 1152, 132), 4);
         // More CUs leave room for more splits at the same rows.
-        assert_eq!(heuristic_splits(256, 128, 8320, 528), 3);
+        assert_eq!(heuristic_splits(256, 128, 16512, 528), 3);
         // One row of a 100-token bound: the work wants 19, the bound 3 tiles.
         assert_eq!(heuristic_splits(1, 16, 100, 132), 3);
         // Degenerate inputs still give one split.
@@ -390,7 +416,8 @@ mod tests {
     #[test]
     fn the_heuristic_names_the_rule_that_decided() {
         assert!(heuristic(64, 128, 1152, 132).1.contains("one wave of splits"));
-        assert!(heuristic(64, 128, 8320, 132).1.starts_with("the work formula"));
+        assert!(heuristic(64, 128, 16512, 132).1.starts_with("the work formula"));
+        assert!(heuristic(64, 128, 8320, 132).1.starts_with("whole rows fill the waves"));
         let (n, why) = heuristic(64, 16, 128, 132);
         assert_eq!(n, 2);
         assert!(
