@@ -76,14 +76,19 @@ pub fn profile_tg_factor(profile: TargetProfile, heads: usize) -> usize {
     }
 }
 
+/// The share of its waves a launch fills: `ctas * n` workgroups of one per
+/// CU over `ceil(ctas * n / cus)` waves (aiter's occupancy term).
+pub fn wave_fill(n: usize, ctas: usize, cus: usize) -> f64 {
+    let work = ctas * n;
+    let cus = cus.max(1);
+    work as f64 / (work.div_ceil(cus) * cus) as f64
+}
+
 /// The occupancy-times-bandwidth search over `n = 1..=16`.
 pub fn occupancy_splits(bs_occ: usize, avg_kv: f64, cus: usize) -> usize {
-    let cus = cus.max(1);
     let mut best = (f64::NEG_INFINITY, 1);
     for i in 1..=MAX_FALLBACK_SPLITS {
-        let work = bs_occ * i;
-        let slots = work.div_ceil(cus) * cus;
-        let score = work as f64 / slots as f64 * avg_kv / (avg_kv + SPLIT_OVERHEAD_TOKENS * i as f64);
+        let score = wave_fill(i, bs_occ, cus) * avg_kv / (avg_kv + SPLIT_OVERHEAD_TOKENS * i as f64);
         // Strictly greater: the first maximum wins, as Python's max does.
         if score > best.0 {
             best = (score, i);

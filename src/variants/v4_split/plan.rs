@@ -6,6 +6,7 @@ use std::fmt;
 
 use crate::case::{LayerType, V4_WINDOW};
 use crate::variants::page64::split;
+use crate::variants::page64::split::wave_fill;
 use crate::variants::{check_tiling, PlanError};
 
 /// Rows of the uniform table: the largest split count a plan may name.
@@ -100,15 +101,17 @@ pub fn heuristic(rows: usize, heads: usize, kv_len_bound: usize, cus: usize) -> 
     let heads = heads.max(1);
     let ctas = rows * heads.div_ceil(HEADS_PER_CTA);
     let wg = crate::variants::mla::kernel::WG_ROWS;
+    // 64+ heads: a V4 CTA holds an SM alone on either core.
+    let alone = heads >= wg;
     let whole_rows = (crate::variants::v4::WG_MIN_SPLIT_TOKENS..=WHOLE_ROW_MAX_BOUND).contains(&kv_len_bound);
-    if heads >= wg && whole_rows {
+    if alone && whole_rows {
         let n = (cus / ctas).clamp(1, MAX_SPLITS);
         return (
             n,
             format!("one wave of splits: {heads} heads >= {wg} on a {kv_len_bound}-token bound, {ctas} CTAs a split on {cus} CUs"),
         );
     }
-    if heads >= wg && kv_len_bound <= WHOLE_ROW_FILL_MAX_BOUND && wave_fill(1, ctas, cus) >= MIN_WAVE_FILL {
+    if alone && kv_len_bound <= WHOLE_ROW_FILL_MAX_BOUND && wave_fill(1, ctas, cus) >= MIN_WAVE_FILL {
         return (
             1,
             format!(
@@ -119,7 +122,8 @@ pub fn heuristic(rows: usize, heads: usize, kv_len_bound: usize, cus: usize) -> 
     }
     let scale = REFERENCE_HEAD_ROWS * cus.max(1) as f64 / (REFERENCE_CUS * (rows * heads) as f64);
     let n_work = (SPLITS_AT_REFERENCE * scale.powf(WORK_EXPONENT)).round() as usize;
-    let mut n = n_work.min(kv_len_bound / SPLIT_TILE_TOKENS).clamp(1, MAX_SPLITS);
+    let cap = (kv_len_bound / SPLIT_TILE_TOKENS).clamp(1, MAX_SPLITS);
+    let mut n = n_work.clamp(1, cap);
     let mut why = format!("the work formula: {rows} rows x {heads} heads on {cus} CUs gives {n_work}");
     if n != n_work {
         why += &format!(", {n} within one split per tile of the {kv_len_bound}-token bound and 1..={MAX_SPLITS}");
@@ -127,8 +131,7 @@ pub fn heuristic(rows: usize, heads: usize, kv_len_bound: usize, cus: usize) -> 
     if kv_len_bound / n <= SHORT_SPLIT_TOKENS && n > cus / ctas {
         n = (cus / ctas).max(1);
         why += &format!(", {n} to stay in one wave of short splits");
-    } else if heads >= HEADS_PER_CTA {
-        let cap = (kv_len_bound / SPLIT_TILE_TOKENS).clamp(1, MAX_SPLITS);
+    } else if alone {
         let waved = wave_splits(n, ctas, cus, cap);
         if waved != n {
             why += &format!(
@@ -140,14 +143,6 @@ pub fn heuristic(rows: usize, heads: usize, kv_len_bound: usize, cus: usize) -> 
         }
     }
     (n.max(1), why)
-}
-
-/// The share of the launch's waves its CTAs fill: `ctas * n` CTAs of one
-/// per SM over `ceil(ctas * n / cus)` waves.
-pub fn wave_fill(n: usize, ctas: usize, cus: usize) -> f64 {
-    let total = ctas * n;
-    let cus = cus.max(1);
-    total as f64 / (total.div_ceil(cus) * cus) as f64
 }
 
 /// Below this fill the last wave idles enough SMs to move n by one.
@@ -382,7 +377,6 @@ mod tests {
         assert_eq!(heuristic_splits(256, 64, 1152, 132), 1);
         assert_eq!(heuristic_splits(1, 64, 1152, 132), 16);
         assert_eq!(heuristic_splits(64, 128, 2176, 132), 1);
-        assert_eq!(heuristic_splits(64, 128, 16512, 132), 3);
         assert_eq!(heuristic_splits(64, 32, 1152, 132), 4);
         // More CUs leave room for more splits at the same rows.
         assert_eq!(heuristic_splits(256, 128, 16512, 528), 3);
