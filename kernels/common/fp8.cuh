@@ -7,18 +7,24 @@
 
 namespace mla {
 
-__device__ __forceinline__ unsigned e4m3x2_to_f16x2(unsigned short x) {
-  unsigned r;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(r) : "h"(x));
-  return r;
+// Four e4m3 of w (low byte first) as two f16x2. Splitting w by mov.b32
+// lets ptxas convert the upper pair in place (F2FP ... R.H1), where the
+// upper half cast to a short costs a shift first.
+__device__ __forceinline__ void e4m3x4_to_f16x2x2(unsigned w, unsigned& lo, unsigned& hi) {
+  asm("{\n"
+      " .reg .b16 a, b;\n"
+      " mov.b32 {a, b}, %2;\n"
+      " cvt.rn.f16x2.e4m3x2 %0, a;\n"
+      " cvt.rn.f16x2.e4m3x2 %1, b;\n"
+      "}\n"
+      : "=r"(lo), "=r"(hi)
+      : "r"(w));
 }
 
 // V operand after ldmatrix.trans: x = (byte 0, byte 2), y = (byte 1, byte 3),
 // i.e. two tokens of one dimension per register.
 __device__ __forceinline__ void v_cvt(unsigned w, unsigned& x, unsigned& y) {
-  const unsigned t = __byte_perm(w, 0u, 0x3120u);
-  x = e4m3x2_to_f16x2(static_cast<unsigned short>(t & 0xFFFFu));
-  y = e4m3x2_to_f16x2(static_cast<unsigned short>(t >> 16));
+  e4m3x4_to_f16x2x2(__byte_perm(w, 0u, 0x3120u), x, y);
 }
 
 }  // namespace mla

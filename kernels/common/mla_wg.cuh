@@ -418,10 +418,7 @@ __device__ __forceinline__ void st_e4m3_as_f16(unsigned blk, int r, int ch, uint
   const unsigned w[4] = {v.x, v.y, v.z, v.w};
   unsigned h[8];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    h[2 * i] = e4m3x2_to_f16x2(static_cast<unsigned short>(w[i] & 0xFFFFu));
-    h[2 * i + 1] = e4m3x2_to_f16x2(static_cast<unsigned short>(w[i] >> 16));
-  }
+  for (int i = 0; i < 4; ++i) e4m3x4_to_f16x2x2(w[i], h[2 * i], h[2 * i + 1]);
   const unsigned row = blk + r * 128;
   sts_v4(row + ((ch ^ (r & 7)) << 4), h[0], h[1], h[2], h[3]);
   sts_v4(row + (((ch + 1) ^ (r & 7)) << 4), h[4], h[5], h[6], h[7]);

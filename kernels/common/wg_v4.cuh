@@ -7,15 +7,13 @@
 // producer dequantizes blocks 0-6 and copies the rope into block 7 with
 // cp.async, 128-byte swizzled as wgmma reads them.
 //
-// Why this dequantization: e4m3 times 2^k is exact in bf16, but the
-// straightforward route (e4m3 -> f16 -> f32 -> x scale -> bf16) spends most
-// of its time in the f32 -> bf16 conversion. Here e4m3 -> f16 is one exact
-// conversion; an f16 from e4m3 has its low 7 mantissa bits zero, so shifting
-// each half right by 3 (sign kept) gives the bf16 of its value times 2^-112,
-// a normal bf16 or zero; one bf16 FMA by 2^112 and one multiply by the
-// tile's 2^k restore it exactly (any k the format encodes). NaN: an f16 NaN
-// with its low mantissa bits set is a bf16 NaN, and times 0 it is the FMA's
-// addend, so NaN stays NaN (and a finite value adds a zero).
+// Why this dequantization: e4m3 times 2^k is exact in bf16. e4m3 -> f16
+// (the hardware cvt, both halves of a word read in place), f16 -> f32 ->
+// bf16 and a bf16 multiply by the tile's 2^k are each exact and keep NaN as
+// NaN: five instructions a pair. Shifting the f16 into a bf16 times 2^-112
+// and restoring it by FMA took nine (a shift for the upper pair, masks, a
+// NaN term); v4_split's wgmma rows take 10-14% less time this way
+// (docs/kernels.md).
 #pragma once
 #include "common/mla_wg.cuh"
 
@@ -59,28 +57,36 @@ __device__ __forceinline__ unsigned ue8m0_bf16x2(unsigned e) {
   return b | (b << 16);
 }
 
-// Two e4m3 (low byte = lower dim) times the tile scale s2, as bf16x2.
-__device__ __forceinline__ unsigned dq_pair(unsigned short v, unsigned s2) {
-  const unsigned h = e4m3x2_to_f16x2(v);
-  const unsigned b = (h & 0x80008000u) | ((h >> 3) & 0x0FFF0FFFu);  // value * 2^-112
-  unsigned z, r;
-  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(z) : "r"(h | 0x01FF01FFu), "r"(0u));  // NaN or +-0
-  asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(r) : "r"(b), "r"(0x77807780u), "r"(z));
-  asm("mul.rn.bf16x2 %0, %0, %1;\n" : "+r"(r) : "r"(s2));
+// An f16x2 from e4m3 times the tile scale s2, as bf16x2: f16 -> f32 ->
+// bf16 is exact for an e4m3 value (3 mantissa bits), and so is the bf16
+// multiply by 2^k; NaN stays NaN through every step.
+__device__ __forceinline__ unsigned f16x2_bf16x2_scaled(unsigned h, unsigned s2) {
+  unsigned r;
+  asm("{\n"
+      " .reg .f16 a, b;\n"
+      " .reg .f32 fa, fb;\n"
+      " mov.b32 {a, b}, %1;\n"
+      " cvt.f32.f16 fa, a;\n"
+      " cvt.f32.f16 fb, b;\n"
+      " cvt.rn.bf16x2.f32 %0, fb, fa;\n"
+      " mul.rn.bf16x2 %0, %0, %2;\n"
+      "}\n"
+      : "=r"(r)
+      : "r"(h), "r"(s2));
   return r;
 }
 
 // One 16-byte e4m3 chunk (16 dims) times the tile scale of byte e, as 8
-// bf16x2 words in dim order. (Folding the 2^112 into the scale saves a
-// multiply per pair but needs a per-chunk vote for scales past bf16's
-// range; it measured 3-5% slower.)
+// bf16x2 words in dim order.
 __device__ __forceinline__ void dq_chunk(uint4 v, unsigned e, unsigned (&h)[8]) {
   const unsigned s2 = ue8m0_bf16x2(e & 0xFFu);
   const unsigned w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    h[2 * i] = dq_pair(static_cast<unsigned short>(w[i] & 0xFFFFu), s2);
-    h[2 * i + 1] = dq_pair(static_cast<unsigned short>(w[i] >> 16), s2);
+    unsigned lo, hi;
+    e4m3x4_to_f16x2x2(w[i], lo, hi);
+    h[2 * i] = f16x2_bf16x2_scaled(lo, s2);
+    h[2 * i + 1] = f16x2_bf16x2_scaled(hi, s2);
   }
 }
 
