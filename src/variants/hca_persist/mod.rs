@@ -64,7 +64,7 @@ pub fn spec(hk: usize, core: V4Core) -> KernelSpec {
 /// The core for a call plan, and why: `v4::core` with a partition as the
 /// split (every partition streams all its tokens for each head group).
 fn core_of(plan: &HcaPlan, hk: usize, choice: V4CoreChoice) -> (V4Core, String) {
-    let (core, why) = v4::core(hk, plan.tokens_per_partition(), choice);
+    let (core, why) = v4::core(hk, plan.tokens_per_partition(), v4::WG_MIN_PARTITION_TOKENS, choice);
     let pair = match core {
         V4Core::Wg => "; a partition's two head groups run as one 2-CTA cluster, each CTA dequantizing half of every tile for both",
         V4Core::Mma => "",

@@ -60,22 +60,30 @@ pub enum V4Core {
     Wg,
 }
 
-/// Fewest KV tokens in a launch's longest split for the wgmma core: below
-/// it the CTA's larger fixed cost (Q dequantized, the pipeline filled, 384
-/// threads) outweighs its faster loop. The longest split, not the mean,
-/// because a wave lasts as long as its longest CTA. On the H200, both cores
-/// at the same n (`mlabench splits` on dsv4-pro and dsv4-peers, 128 heads,
-/// each core forced as `--v4-core` does; docs/kernels.md "Which V4 core"):
-/// even at 1017-1043, the wgmma core 11% faster at 958 and 14-24% at 1152
-/// and 1915-2086 tokens, 0-22% slower at 384-725.
-pub const WG_MIN_SPLIT_TOKENS: usize = 1024;
+/// Fewest KV tokens in the longest split for the wgmma core when rows are
+/// cut into splits: below it the CTA's larger fixed cost (Q dequantized,
+/// the pipeline filled, 384 threads) and the partials it writes outweigh
+/// its faster loop. The longest split, not the mean, because a wave lasts
+/// as long as its longest CTA. On an H100, v4_split on both cores at the
+/// same n (`--v4-core wg` alternated with the plan's pick; docs/kernels.md
+/// "Which V4 core"): the wgmma core 10-24% faster at 288-734 tokens (n = 4
+/// and 2; 576 the same), 10-26% slower at 176-180 (n = 2) and 2-26% at
+/// 23-64 tokens.
+pub const WG_MIN_SPLIT_TOKENS: usize = 256;
+
+/// The same for hca_persist's partitions: its 2-CTA kernel walks a
+/// partition's rows one pass each and merges the rows it cuts, which the
+/// mma kernel does at less cost below 1024 tokens a partition (+16..+32%
+/// on the wgmma kernel at 61-635 tokens, docs/kernels.md).
+pub const WG_MIN_PARTITION_TOKENS: usize = 1024;
 
 /// The core for `hk` kernel heads whose longest split holds `split_tokens`
 /// KV tokens, and why: 64 heads per CTA make every KV token feed 64 query
 /// rows, where the decode is bound by the tensor cores (the MLA core's
 /// threshold, `mla::kernel::WG_ROWS`), once the splits are long enough to
-/// pay for the CTA's fixed cost. The others stay on the mma.sync core.
-pub fn core(hk: usize, split_tokens: usize, choice: V4CoreChoice) -> (V4Core, String) {
+/// pay for the CTA's fixed cost (`min_tokens`, the caller's: whole rows,
+/// a split or a partition). The others stay on the mma.sync core.
+pub fn core(hk: usize, split_tokens: usize, min_tokens: usize, choice: V4CoreChoice) -> (V4Core, String) {
     let rows = crate::variants::mla::kernel::WG_ROWS;
     match choice {
         V4CoreChoice::Auto => {}
@@ -95,15 +103,15 @@ pub fn core(hk: usize, split_tokens: usize, choice: V4CoreChoice) -> (V4Core, St
     }
     if hk < rows {
         (V4Core::Mma, format!("heads {hk} < {rows}"))
-    } else if split_tokens < WG_MIN_SPLIT_TOKENS {
+    } else if split_tokens < min_tokens {
         (
             V4Core::Mma,
-            format!("{split_tokens} tokens in the longest split < {WG_MIN_SPLIT_TOKENS}"),
+            format!("{split_tokens} tokens in the longest split < {min_tokens}"),
         )
     } else {
         (
             V4Core::Wg,
-            format!("heads {hk} >= {rows}, {split_tokens} tokens in the longest split >= {WG_MIN_SPLIT_TOKENS}, e4m3 dequantized to bf16"),
+            format!("heads {hk} >= {rows}, {split_tokens} tokens in the longest split >= {min_tokens}, e4m3 dequantized to bf16"),
         )
     }
 }
@@ -200,20 +208,23 @@ mod tests {
     #[test]
     fn sixty_four_heads_or_more_on_long_splits_run_on_the_wgmma_core() {
         let auto = V4CoreChoice::Auto;
+        let min = WG_MIN_SPLIT_TOKENS;
         assert_eq!(
-            [16, 32, 64, 128].map(|h| core(h, 8192, auto).0),
+            [16, 32, 64, 128].map(|h| core(h, 8192, min, auto).0),
             [V4Core::Mma, V4Core::Mma, V4Core::Wg, V4Core::Wg]
         );
-        assert_eq!(core(128, WG_MIN_SPLIT_TOKENS, auto).0, V4Core::Wg);
-        assert_eq!(core(128, WG_MIN_SPLIT_TOKENS - 1, auto).0, V4Core::Mma);
-        assert!(core(128, 1023, auto)
+        assert_eq!(core(128, min, min, auto).0, V4Core::Wg);
+        assert_eq!(core(128, min - 1, min, auto).0, V4Core::Mma);
+        assert!(core(128, 1023, WG_MIN_PARTITION_TOKENS, auto)
             .1
             .contains("1023 tokens in the longest split < 1024"));
-        assert!(core(128, 4096, auto).1.contains("bf16"));
+        assert_eq!(core(64, 128, 0, auto).0, V4Core::Wg);
+        assert_eq!(core(32, 8192, 0, auto).0, V4Core::Mma);
+        assert!(core(128, 4096, min, auto).1.contains("bf16"));
         // Forced: either core on 64+ heads, and the mma core below them.
-        assert_eq!(core(128, 8192, V4CoreChoice::Mma).0, V4Core::Mma);
-        assert_eq!(core(64, 100, V4CoreChoice::Wg).0, V4Core::Wg);
-        let (c, why) = core(16, 8192, V4CoreChoice::Wg);
+        assert_eq!(core(128, 8192, min, V4CoreChoice::Mma).0, V4Core::Mma);
+        assert_eq!(core(64, 100, min, V4CoreChoice::Wg).0, V4Core::Wg);
+        let (c, why) = core(16, 8192, min, V4CoreChoice::Wg);
         assert_eq!(c, V4Core::Mma);
         assert!(why.contains("needs 64+ heads"), "{why}");
         assert_eq!(V4Core::Wg.block(), 384);

@@ -65,6 +65,11 @@ pub const SHORT_SPLIT_TOKENS: usize = 64;
 /// grows with `max_model_len` and its rows spread far below it.
 pub const WHOLE_ROW_MAX_BOUND: usize = 2048;
 
+/// The smallest bound for that rule: shorter lists (SWA's 128) are cut for
+/// more CTAs by the formula, as when the rule was measured (at the wgmma
+/// core's split threshold of the time).
+pub const WHOLE_ROW_MIN_BOUND: usize = 1024;
+
 /// Largest bound at which 64+ heads take whole rows (n = 1) once the rows
 /// alone fill the waves (`MIN_WAVE_FILL`): HCA at a 1M context. No split
 /// means no merge and no per-split CTA cost, and a wave of such rows is
@@ -75,7 +80,7 @@ pub const WHOLE_ROW_FILL_MAX_BOUND: usize = 8320;
 
 /// Our split count for `rows` rows whose KV is at most `kv_len_bound` long.
 ///
-/// With 64 or more heads and a bound in `WG_MIN_SPLIT_TOKENS..=2048`: as
+/// With 64 or more heads and a bound in `WHOLE_ROW_MIN_BOUND..=2048`: as
 /// many splits as one wave holds, `cus / (rows * ceil(H/64))`, at least one
 /// (`WHOLE_ROW_MAX_BOUND`). With 64 or more heads, a bound of at most 8320
 /// and whole rows filling the waves (`wave_fill(1) >= MIN_WAVE_FILL`): one
@@ -103,7 +108,7 @@ pub fn heuristic(rows: usize, heads: usize, kv_len_bound: usize, cus: usize) -> 
     let wg = crate::variants::mla::kernel::WG_ROWS;
     // 64+ heads: a V4 CTA holds an SM alone on either core.
     let alone = heads >= wg;
-    let whole_rows = (crate::variants::v4::WG_MIN_SPLIT_TOKENS..=WHOLE_ROW_MAX_BOUND).contains(&kv_len_bound);
+    let whole_rows = (WHOLE_ROW_MIN_BOUND..=WHOLE_ROW_MAX_BOUND).contains(&kv_len_bound);
     if alone && whole_rows {
         let n = (cus / ctas).clamp(1, MAX_SPLITS);
         return (
@@ -223,9 +228,18 @@ impl SplitPlan {
         self
     }
 
-    /// The core this plan's kernel runs on, and why (`v4::core`).
+    /// The core this plan's kernel runs on, and why (`v4::core`). Whole
+    /// rows take the wgmma core at any length: its one-split kernel writes
+    /// `o` with the sink and leaves no partials to merge (10-39% faster
+    /// than the mma core at 128-361 tokens, H100, docs/kernels.md).
     pub fn core(&self) -> (crate::variants::v4::V4Core, String) {
-        crate::variants::v4::core(self.heads, self.split_tokens, self.core_choice)
+        use crate::variants::v4;
+        let min = if self.n == 1 { 0 } else { v4::WG_MIN_SPLIT_TOKENS };
+        let (core, why) = v4::core(self.heads, self.split_tokens, min, self.core_choice);
+        match (self.n, core, self.core_choice) {
+            (1, v4::V4Core::Wg, crate::case::V4CoreChoice::Auto) => (core, format!("whole rows, no merge: {why}")),
+            _ => (core, why),
+        }
     }
 
     /// Checks the CSR against `n`; every plan is checked before it runs.
@@ -461,15 +475,25 @@ mod tests {
 
     #[test]
     fn the_core_follows_the_longest_split() {
-        // Mean 465 tokens, longest row 1152: one split is 1152 long (wgmma
-        // core), two are 576 (mma.sync core).
+        use crate::variants::v4::{V4Core, WG_MIN_SPLIT_TOKENS};
+        // Mean 465 tokens, longest row 1152: split in two it is 576 long,
+        // in five 231, under the wgmma core's split threshold.
         let lens = [2, 1152, 241];
-        let p = v4_split_plan(3, 8, 128, 1152, 132, Some(1)).with_lens(&lens);
-        assert_eq!(p.split_tokens, 1152);
-        assert_eq!(p.core().0, crate::variants::v4::V4Core::Wg);
         let p = v4_split_plan(3, 8, 128, 1152, 132, Some(2)).with_lens(&lens);
         assert_eq!(p.split_tokens, 576);
-        assert_eq!(p.core().0, crate::variants::v4::V4Core::Mma);
+        assert_eq!(p.core().0, V4Core::Wg);
+        let p = v4_split_plan(3, 8, 128, 1152, 132, Some(5)).with_lens(&lens);
+        assert_eq!(p.split_tokens, 231);
+        assert!(p.split_tokens < WG_MIN_SPLIT_TOKENS);
+        assert_eq!(p.core().0, V4Core::Mma);
+        // Whole rows take the wgmma core at any length: no partials, no merge.
+        let p = v4_split_plan(3, 8, 128, 128, 132, Some(1)).with_lens(&[2, 128, 90]);
+        let (core, why) = p.core();
+        assert_eq!(core, V4Core::Wg);
+        assert!(why.starts_with("whole rows, no merge"), "{why}");
+        // Under 64 heads a CTA stays on the mma core.
+        let p = v4_split_plan(3, 8, 32, 128, 132, Some(1)).with_lens(&[128]);
+        assert_eq!(p.core().0, V4Core::Mma);
         assert_eq!(
             v4_split_plan(3, 8, 128, 1152, 132, Some(3)).with_lens(&[]).split_tokens,
             0
