@@ -109,9 +109,14 @@ pub fn core(hk: usize, split_tokens: usize, min_tokens: usize, choice: V4CoreCho
             format!("{split_tokens} tokens in the longest split < {min_tokens}"),
         )
     } else {
+        let line = if min_tokens > 0 {
+            format!(" >= {min_tokens}")
+        } else {
+            String::new()
+        };
         (
             V4Core::Wg,
-            format!("heads {hk} >= {rows}, {split_tokens} tokens in the longest split >= {min_tokens}, e4m3 dequantized to bf16"),
+            format!("heads {hk} >= {rows}, {split_tokens} tokens in the longest split{line}, e4m3 dequantized to bf16"),
         )
     }
 }

@@ -491,6 +491,7 @@ mod tests {
         let (core, why) = p.core();
         assert_eq!(core, V4Core::Wg);
         assert!(why.starts_with("whole rows, no merge"), "{why}");
+        assert!(why.contains("128 tokens in the longest split,"), "{why}");
         // Under 64 heads a CTA stays on the mma core.
         let p = v4_split_plan(3, 8, 32, 128, 132, Some(1)).with_lens(&[128]);
         assert_eq!(p.core().0, V4Core::Mma);
