@@ -66,15 +66,16 @@ pub enum V4Core {
 /// its faster loop. The longest split, not the mean, because a wave lasts
 /// as long as its longest CTA. On an H100, v4_split on both cores at the
 /// same n (`--v4-core wg` alternated with the plan's pick; docs/kernels.md
-/// "Which V4 core"): the wgmma core 10-24% faster at 288-734 tokens (n = 4
+/// "Which V4 core"): the wgmma core 12-24% faster at 288-734 tokens (n = 4
 /// and 2; 576 the same), 10-26% slower at 176-180 (n = 2) and 2-26% at
 /// 23-64 tokens.
 pub const WG_MIN_SPLIT_TOKENS: usize = 256;
 
 /// The same for hca_persist's partitions: its 2-CTA kernel walks a
 /// partition's rows one pass each and merges the rows it cuts, which the
-/// mma kernel does at less cost below 1024 tokens a partition (+16..+32%
-/// on the wgmma kernel at 61-635 tokens, docs/kernels.md).
+/// mma kernel does at less cost below 1024 tokens a partition: forced onto
+/// the wgmma kernel there, 6 of 8 timed rows were slower (+2.8..+32.2%)
+/// on an H100, and earlier every size but one (docs/kernels.md).
 pub const WG_MIN_PARTITION_TOKENS: usize = 1024;
 
 /// The core for `hk` kernel heads whose longest split holds `split_tokens`

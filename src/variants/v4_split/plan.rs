@@ -230,7 +230,7 @@ impl SplitPlan {
 
     /// The core this plan's kernel runs on, and why (`v4::core`). Whole
     /// rows take the wgmma core at any length: its one-split kernel writes
-    /// `o` with the sink and leaves no partials to merge (10-39% faster
+    /// `o` with the sink and leaves no partials to merge (20-39% faster
     /// than the mma core at 128-361 tokens, H100, docs/kernels.md).
     pub fn core(&self) -> (crate::variants::v4::V4Core, String) {
         use crate::variants::v4;
