@@ -376,7 +376,7 @@ pub struct Execution {
 /// `--v4-core`'s values; the names parse into `case::V4CoreChoice`.
 fn v4_cores() -> PossibleValuesParser {
     PossibleValuesParser::new([
-        PossibleValue::new("auto").help("The plan's pick: the wgmma core for 64+ heads on splits of 1024+ tokens"),
+        PossibleValue::new("auto").help("The plan's pick: the wgmma core for 64+ heads on whole rows and v4_split's splits of 256+ tokens (hca_persist: partitions of 1024+)"),
         PossibleValue::new("mma").help("The mma.sync core everywhere"),
         PossibleValue::new("wg").help("The wgmma core wherever a CTA has 64+ heads"),
     ])
