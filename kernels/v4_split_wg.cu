@@ -34,7 +34,8 @@ __device__ __forceinline__ void run_pass(unsigned base, const wg::Pass& ps, cons
 
 }  // namespace
 
-// grid (HK/64, rows, n), block 384; the split rule: common/v4_split_range.cuh.
+// grid (HK/64, rows, n), block 384; the split rule and the order of the
+// pieces (longest first): common/v4_split_range.cuh.
 // An empty split (pad rows included)
 // writes only its LSE (-inf), which is all split_merge reads of it.
 extern "C" __global__ void __launch_bounds__(wg::THREADS, 1)
@@ -46,9 +47,11 @@ extern "C" __global__ void __launch_bounds__(wg::THREADS, 1)
   extern __shared__ __align__(1024) unsigned char smem[];
   wg::check_launch();
   pdl_launch_dependents();  // split_merge may start; it waits for the partials
-  const int h0 = blockIdx.x * wg::BM, row = blockIdx.y;
+  const int h0 = blockIdx.x * wg::BM;
+  int row, s;
+  v4split::lpt_piece(split_indptr, kv_indptr, rows, reinterpret_cast<int*>(smem), row, s);
   v4split::Range sr;
-  if (!v4split::split_range(split_indptr, kv_indptr, row, blockIdx.z, rows, sr)) return;
+  if (!v4split::split_range(split_indptr, kv_indptr, row, s, rows, sr)) return;
   if (sr.b <= sr.a) {
     if (threadIdx.x < wg::BM) part_lse[sr.slot() * HK + h0 + threadIdx.x] = ninf();
     return;
@@ -81,7 +84,9 @@ extern "C" __global__ void __launch_bounds__(wg::THREADS, 1)
                  float* __restrict__ lse) {
   extern __shared__ __align__(1024) unsigned char smem[];
   wg::check_launch();
-  const int h0 = blockIdx.x * wg::BM, row = blockIdx.y;
+  const int h0 = blockIdx.x * wg::BM;
+  int row, s;
+  v4split::lpt_piece(nullptr, kv_indptr, rows, reinterpret_cast<int*>(smem), row, s);
   if (row >= rows) return;
   const int beg = kv_indptr[row], len = kv_indptr[row + 1] - beg;
   const long long out0 = static_cast<long long>(row) * HK + h0;

@@ -28,6 +28,58 @@ __device__ __forceinline__ bool split_range(const int* __restrict__ split_indptr
   return true;
 }
 
+// Longest pieces first. Blocks start in linear order, one wgmma CTA per
+// SM, so a launch of several waves in row order ends with the long rows'
+// pieces alone on a few SMs (v4_split at 64 heads, 256 rows of 8k-16k
+// tokens in two splits: 17% of the SM time idle). Ranking the rows by their
+// pieces' length and handing the L-th CTA (over y, z) the L-th longest
+// row's pieces makes the hardware's dispatch a longest-first list schedule.
+// The rows past `rows` keep their place at the end. One wave (every CTA
+// starts at once) or more than LPT_MAX_ROWS rows (each thread ranks its
+// rows against all of them: O(rows^2 / threads)) keep the launch order.
+// Uses 4 KB of `scratch` (shared memory, free until the caller's setup).
+constexpr int LPT_MAX_ROWS = 512;
+
+__device__ __forceinline__ void lpt_piece(const int* __restrict__ split_indptr, const int* __restrict__ kv_indptr,
+                                          int rows, int* scratch, int& row, int& s) {
+  const int ny = gridDim.y, nz = gridDim.z;
+  row = blockIdx.y;
+  s = blockIdx.z;
+  unsigned nsm;
+  asm("mov.u32 %0, %%nsmid;" : "=r"(nsm));
+  if (static_cast<long long>(gridDim.x) * ny * nz <= nsm || rows > LPT_MAX_ROWS || rows < 2) return;
+  const int lin = blockIdx.z * ny + blockIdx.y;
+  s = lin % nz;
+  row = lin / nz;
+  if (row >= rows) return;
+  // Key: the row's longest piece; -1 pads the scan to whole int4s.
+  const int r4 = (rows + 3) & ~3;
+  for (int j = threadIdx.x; j < r4; j += blockDim.x) {
+    int key = -1;
+    if (j < rows) {
+      const int len = kv_indptr[j + 1] - kv_indptr[j];
+      const int n = split_indptr ? split_indptr[j + 1] - split_indptr[j] : 1;
+      key = n > 0 ? (len + n - 1) / n : 0;
+    }
+    scratch[j] = key;
+  }
+  __syncthreads();
+  const int p = row;
+  for (int j = threadIdx.x; j < rows; j += blockDim.x) {
+    const int kj = scratch[j];
+    int rank = 0;
+    for (int k = 0; k < r4; k += 4) {
+      const int4 kk = *reinterpret_cast<const int4*>(scratch + k);
+      rank += (kk.x > kj) + (kk.y > kj) + (kk.z > kj) + (kk.w > kj);
+      rank += (kk.x == kj && k < j) + (kk.y == kj && k + 1 < j) + (kk.z == kj && k + 2 < j) + (kk.w == kj && k + 3 < j);
+    }
+    if (rank == p) scratch[LPT_MAX_ROWS] = j;
+  }
+  __syncthreads();
+  row = scratch[LPT_MAX_ROWS];
+  __syncthreads();  // the caller's setup may reuse the scratch
+}
+
 // A row with no tokens in a one-split plan (v4_split_one on either core):
 // only the sink's key, so o = 0 and lse = sink (-inf without one) for heads
 // h0 .. h0+HEADS-1, whose outputs start at (row, head) index out0. A macro:
