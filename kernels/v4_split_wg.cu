@@ -43,13 +43,13 @@ extern "C" __global__ void __launch_bounds__(wg::THREADS, 1)
              const unsigned char* __restrict__ pool_packed, const __nv_bfloat16* __restrict__ pool_rope,
              const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,
              const int* __restrict__ split_indptr, float sm_scale, int rows, float* __restrict__ part_o,
-             float* __restrict__ part_lse) {
+             float* __restrict__ part_lse, int longest_first) {
   extern __shared__ __align__(1024) unsigned char smem[];
   wg::check_launch();
   pdl_launch_dependents();  // split_merge may start; it waits for the partials
   const int h0 = blockIdx.x * wg::BM;
   int row, s;
-  v4split::lpt_piece(split_indptr, kv_indptr, rows, reinterpret_cast<int*>(smem), row, s);
+  v4split::lpt_piece(split_indptr, kv_indptr, rows, longest_first, reinterpret_cast<int*>(smem), row, s);
   v4split::Range sr;
   if (!v4split::split_range(split_indptr, kv_indptr, row, s, rows, sr)) return;
   if (sr.b <= sr.a) {
@@ -81,12 +81,12 @@ extern "C" __global__ void __launch_bounds__(wg::THREADS, 1)
                  const unsigned char* __restrict__ pool_packed, const __nv_bfloat16* __restrict__ pool_rope,
                  const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,
                  const float* __restrict__ sink, float sm_scale, int rows, __nv_bfloat16* __restrict__ o,
-                 float* __restrict__ lse) {
+                 float* __restrict__ lse, int longest_first) {
   extern __shared__ __align__(1024) unsigned char smem[];
   wg::check_launch();
   const int h0 = blockIdx.x * wg::BM;
   int row, s;
-  v4split::lpt_piece(nullptr, kv_indptr, rows, reinterpret_cast<int*>(smem), row, s);
+  v4split::lpt_piece(nullptr, kv_indptr, rows, longest_first, reinterpret_cast<int*>(smem), row, s);
   if (row >= rows) return;
   const int beg = kv_indptr[row], len = kv_indptr[row + 1] - beg;
   const long long out0 = static_cast<long long>(row) * HK + h0;

@@ -34,46 +34,50 @@ __device__ __forceinline__ bool split_range(const int* __restrict__ split_indptr
 // tokens in two splits: 17% of the SM time idle). Ranking the rows by their
 // pieces' length and handing the L-th CTA (over y, z) the L-th longest
 // row's pieces makes the hardware's dispatch a longest-first list schedule.
-// The rows past `rows` keep their place at the end. One wave (every CTA
-// starts at once) or more than LPT_MAX_ROWS rows (each thread ranks its
-// rows against all of them: O(rows^2 / threads)) keep the launch order.
+// The host asks for it (`longest_first`) only where that can pay
+// (`SplitPlan::order`): ranking costs short launches more than it saves,
+// and even a vote on whether to rank cost SWA's 18 us launches 5-8%. The
+// lengths still come from device memory, so any lengths give the same
+// outputs. Each thread ranks its rows against all of them (O(rows^2 /
+// threads)), so at most LPT_MAX_ROWS rows; more keep the grid's order.
 // Uses 4 KB of `scratch` (shared memory, free until the caller's setup).
-constexpr int LPT_MAX_ROWS = 512;
+constexpr int LPT_ROW_BITS = 9;
+constexpr int LPT_MAX_ROWS = 1 << LPT_ROW_BITS;
 
 __device__ __forceinline__ void lpt_piece(const int* __restrict__ split_indptr, const int* __restrict__ kv_indptr,
-                                          int rows, int* scratch, int& row, int& s) {
+                                          int rows, int longest_first, int* scratch, int& row, int& s) {
   const int ny = gridDim.y, nz = gridDim.z;
   row = blockIdx.y;
   s = blockIdx.z;
-  unsigned nsm;
-  asm("mov.u32 %0, %%nsmid;" : "=r"(nsm));
-  if (static_cast<long long>(gridDim.x) * ny * nz <= nsm || rows > LPT_MAX_ROWS || rows < 2) return;
+  if (!longest_first || rows > LPT_MAX_ROWS) return;
   const int lin = blockIdx.z * ny + blockIdx.y;
   s = lin % nz;
-  row = lin / nz;
+  row = lin / nz;  // rows past `rows` keep their place at the end
   if (row >= rows) return;
-  // Key: the row's longest piece; -1 pads the scan to whole int4s.
+  // Key: the row's longest piece (capped to fit) above LPT_ROW_BITS of
+  // LPT_MAX_ROWS - 1 - row, so keys are distinct and positive, and equal
+  // pieces keep row order; -1 pads the scan to whole int4s.
   const int r4 = (rows + 3) & ~3;
   for (int j = threadIdx.x; j < r4; j += blockDim.x) {
     int key = -1;
     if (j < rows) {
       const int len = kv_indptr[j + 1] - kv_indptr[j];
       const int n = split_indptr ? split_indptr[j + 1] - split_indptr[j] : 1;
-      key = n > 0 ? (len + n - 1) / n : 0;
+      const int piece = min(n > 0 ? (len + n - 1) / n : 0, (1 << (31 - LPT_ROW_BITS)) - 1);
+      key = (piece << LPT_ROW_BITS) | (LPT_MAX_ROWS - 1 - j);
     }
     scratch[j] = key;
   }
   __syncthreads();
-  const int p = row;
+  const int target = row;
   for (int j = threadIdx.x; j < rows; j += blockDim.x) {
     const int kj = scratch[j];
     int rank = 0;
     for (int k = 0; k < r4; k += 4) {
       const int4 kk = *reinterpret_cast<const int4*>(scratch + k);
       rank += (kk.x > kj) + (kk.y > kj) + (kk.z > kj) + (kk.w > kj);
-      rank += (kk.x == kj && k < j) + (kk.y == kj && k + 1 < j) + (kk.z == kj && k + 2 < j) + (kk.w == kj && k + 3 < j);
     }
-    if (rank == p) scratch[LPT_MAX_ROWS] = j;
+    if (rank == target) scratch[LPT_MAX_ROWS] = j;
   }
   __syncthreads();
   row = scratch[LPT_MAX_ROWS];

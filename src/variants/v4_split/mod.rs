@@ -61,6 +61,8 @@ pub fn split_plan(case: &Case) -> Result<SplitPlan, String> {
     let mut plan =
         v4_split_plan(p.rows, p.padded_rows, p.kernel_heads(), bound, case.cus, case.v4.splits).with_lens(&lens);
     plan.core_choice = case.v4_core;
+    let launch_rows = if case.v4.eager { p.rows } else { p.padded_rows };
+    plan.order = plan.piece_order(launch_rows, case.cus);
     Ok(plan)
 }
 
@@ -69,12 +71,16 @@ pub(crate) struct Run;
 
 impl Run {
     pub fn summary(s: &SplitPlan) -> String {
-        format!("n={} ({:?}) core={}", s.n, s.source, s.core().0.name())
+        let order = if s.order.longest_first { " longest-first" } else { "" };
+        format!("n={} ({:?}) core={}{order}", s.n, s.source, s.core().0.name())
     }
 
     pub fn details(s: &SplitPlan) -> Vec<String> {
         let (core, why) = s.core();
-        let mut d = vec![format!("core={}: {why}", core.name())];
+        let mut d = vec![
+            format!("core={}: {why}", core.name()),
+            format!("order: {}", s.order.why),
+        ];
         if let (plan::SplitSource::Heuristic, Some(n_why)) = (s.source, &s.why) {
             d.push(format!("n={}: {n_why}", s.n));
         }
@@ -155,13 +161,15 @@ impl Run {
         // An eager call covers the N real rows; a graph-sized one all T.
         let launch_rows = if job.case.v4.eager { w.p.rows } else { w.t };
         // Stage 1 (or the one-split entry): the kv arguments, then `tail`.
+        // The wgmma entries also take whether to run the longest pieces first.
+        let order = (core == V4Core::Wg).then_some(Arg::I32(s.order.longest_first as i32));
         let stage1 = |entry, n: usize, tail: Vec<Arg>| Call {
             kernel: spec(hk, core),
             entry,
             grid: (v4::groups(hk), launch_rows as u32, n as u32),
             block: core.block(),
             smem: Smem::Fixed(core.smem(hk)),
-            args: inp.kv_args().into_iter().chain(tail).collect(),
+            args: inp.kv_args().into_iter().chain(tail).chain(order).collect(),
             second: false,
             dependent: false,
         };

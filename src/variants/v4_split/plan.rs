@@ -219,13 +219,80 @@ pub struct SplitPlan {
     pub source: SplitSource,
     /// Why this n: the heuristic's rule, or why there is no plan (KernelPick).
     pub why: Option<String>,
+    /// The KV tokens of the shortest split over the real rows (`with_lens`).
+    pub shortest_tokens: usize,
+    /// The order the wgmma kernel takes its pieces in (`piece_order`).
+    pub order: PieceOrder,
 }
+
+/// Whether the wgmma kernel takes its pieces longest first (its
+/// `longest_first` argument), and why.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct PieceOrder {
+    pub longest_first: bool,
+    pub why: String,
+}
+
+/// The shortest longest piece that makes ranking the rows pay. Ranked in
+/// every launch of several waves (H100, dsv4-peers and dsv4-pro,
+/// alternated), lists whose longest pieces hold 5k-8k tokens ran 5-16%
+/// faster and those reaching 2k tokens 2.5-8%, but launches of 18-250 us
+/// whose pieces stay at or under 1,152 tokens 3-10% slower.
+pub const LPT_MIN_PIECE_TOKENS: usize = 1024;
+
+/// The most rows the kernel ranks (`LPT_MAX_ROWS`,
+/// kernels/common/v4_split_range.cuh): each thread compares its rows with
+/// all of them.
+pub const LPT_MAX_ROWS: usize = 512;
 
 impl SplitPlan {
     /// Records the longest split of rows of lengths `lens` (`split_ranges`).
     pub fn with_lens(mut self, lens: &[usize]) -> Self {
-        self.split_tokens = lens.iter().map(|l| l.div_ceil(self.n.max(1))).max().unwrap_or(0);
+        let piece = |l: &usize| l.div_ceil(self.n.max(1));
+        self.split_tokens = lens.iter().map(piece).max().unwrap_or(0);
+        self.shortest_tokens = lens.iter().map(piece).min().unwrap_or(0);
         self
+    }
+
+    /// Longest pieces first where the launch lasts several waves of CTAs
+    /// that each hold an SM (the wgmma core) and its pieces are long and
+    /// uneven: then the last wave's long pieces no longer run alone. The
+    /// kernel ranks the rows from the lengths in device memory; this only
+    /// says whether to, from the lengths of the plan's rows.
+    pub fn piece_order(&self, launch_rows: usize, cus: usize) -> PieceOrder {
+        let grid = |why: String| PieceOrder {
+            longest_first: false,
+            why,
+        };
+        let (core, _) = self.core();
+        if core != crate::variants::v4::V4Core::Wg {
+            return grid("grid (the mma core)".into());
+        }
+        let ctas = crate::variants::v4::groups(self.heads) as usize * launch_rows * self.n;
+        if ctas <= cus {
+            return grid(format!("grid ({ctas} CTAs on {cus} CUs start at once)"));
+        }
+        if launch_rows > LPT_MAX_ROWS {
+            return grid(format!(
+                "grid ({launch_rows} rows, more than the {LPT_MAX_ROWS} the kernel ranks)"
+            ));
+        }
+        if self.split_tokens < LPT_MIN_PIECE_TOKENS {
+            return grid(format!(
+                "grid (the longest piece is {} tokens, under {LPT_MIN_PIECE_TOKENS})",
+                self.split_tokens
+            ));
+        }
+        if self.shortest_tokens == self.split_tokens {
+            return grid(format!("grid (every piece is {} tokens)", self.split_tokens));
+        }
+        PieceOrder {
+            longest_first: true,
+            why: format!(
+                "longest first ({ctas} CTAs on {cus} CUs, pieces of {}-{} tokens)",
+                self.shortest_tokens, self.split_tokens
+            ),
+        }
     }
 
     /// The core this plan's kernel runs on, and why (`v4::core`). Whole
@@ -303,6 +370,8 @@ pub fn v4_split_plan(
             split_indptr: uniform_csr(n, rows_n.max(t)),
             source: SplitSource::KernelPick,
             why: Some(why),
+            shortest_tokens: 0,
+            order: PieceOrder::default(),
         }
     };
     if rows_n > t {
@@ -324,6 +393,8 @@ pub fn v4_split_plan(
         split_indptr: table_row(&uniform_table(t), t, n).to_vec(),
         source,
         why,
+        shortest_tokens: 0,
+        order: PieceOrder::default(),
     };
     debug_assert!(plan.check("v4_split_plan").is_ok());
     plan
@@ -525,5 +596,39 @@ mod tests {
                 assert!(hi - lo <= 1, "len {len} n {n}: balanced to one token, got {sizes:?}");
             }
         }
+    }
+
+    #[test]
+    fn longest_first_needs_waves_long_uneven_pieces_and_the_wgmma_core() {
+        use crate::case::V4CoreChoice;
+        // 128 rows of 8k-16k tokens in two splits at 128 heads: 512 CTAs.
+        let lens: Vec<usize> = (0..128).map(|i| 8192 + 64 * i).collect();
+        let p = v4_split_plan(128, 128, 128, 16384, 132, Some(2)).with_lens(&lens);
+        assert_eq!((p.shortest_tokens, p.split_tokens), (4096, 8160));
+        let o = p.piece_order(128, 132);
+        assert!(o.longest_first, "{}", o.why);
+        assert!(o.why.contains("512 CTAs") && o.why.contains("4096-8160"), "{}", o.why);
+        // One wave: every CTA starts at once.
+        let o = p.piece_order(128, 512);
+        assert!(!o.longest_first && o.why.contains("start at once"), "{}", o.why);
+        assert!(p.piece_order(128, 511).longest_first);
+        // More rows than the kernel ranks.
+        assert!(!p.piece_order(LPT_MAX_ROWS + 1, 132).longest_first);
+        assert!(p.piece_order(LPT_MAX_ROWS, 132).longest_first);
+        // The mma core keeps the grid order.
+        let mut m = p.clone();
+        m.core_choice = V4CoreChoice::Mma;
+        assert!(!m.piece_order(128, 132).longest_first);
+        // Equal pieces (CSA's full top-k lists): nothing to reorder.
+        let p = v4_split_plan(128, 128, 128, 16384, 132, Some(2)).with_lens(&[8192; 128]);
+        let o = p.piece_order(128, 132);
+        assert!(!o.longest_first && o.why.contains("every piece is 4096"), "{}", o.why);
+        // Pieces under the threshold: the ranking would not pay.
+        let short = |top: usize| {
+            let lens: Vec<usize> = (0..128).map(|i| top - i).collect();
+            v4_split_plan(128, 128, 128, 16384, 132, Some(1)).with_lens(&lens)
+        };
+        assert!(!short(LPT_MIN_PIECE_TOKENS - 1).piece_order(128, 132).longest_first);
+        assert!(short(LPT_MIN_PIECE_TOKENS).piece_order(128, 132).longest_first);
     }
 }
