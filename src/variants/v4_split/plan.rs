@@ -236,8 +236,8 @@ pub struct PieceOrder {
 /// The shortest longest piece that makes ranking the rows pay. Ranked in
 /// every launch of several waves (H100, dsv4-peers and dsv4-pro,
 /// alternated), lists whose longest pieces hold 5k-8k tokens ran 5-16%
-/// faster and those reaching 2k tokens 2.5-8%, but launches of 18-250 us
-/// whose pieces stay at or under 1,152 tokens 3-10% slower.
+/// faster and those reaching 2k tokens the same or faster, but launches
+/// of 18-250 us whose pieces stay at or under 1,152 tokens 3-10% slower.
 pub const LPT_MIN_PIECE_TOKENS: usize = 1024;
 
 /// The most rows the kernel ranks (`LPT_MAX_ROWS`,
