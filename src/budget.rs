@@ -1422,7 +1422,7 @@ fn v4(case: &Case, p: &V4Params, opts: &Options) -> R<Live> {
     if cuda && live.runs {
         match &run {
             V4Run::Split { .. } => {
-                let launch = if case.v4.eager { nr } else { t };
+                let launch = u(crate::variants::v4::launch_rows(p, case.v4.eager));
                 limit(
                     "launched rows",
                     u128::from(launch),

@@ -38,6 +38,16 @@ pub fn row_len(p: &V4Params, pos: usize) -> usize {
     }
 }
 
+/// Rows a v4_split launch covers: an eager call the N real rows, a
+/// graph-sized one all T (its pad rows get `o = 0`, `lse = sink`).
+pub fn launch_rows(p: &V4Params, eager: bool) -> usize {
+    if eager {
+        p.rows
+    } else {
+        p.padded_rows
+    }
+}
+
 /// Heads each V4 CTA handles, and so the CTAs per row (kernels/ABI.md).
 pub fn groups(hk: usize) -> u32 {
     (hk / hk.min(64)) as u32

@@ -61,8 +61,7 @@ pub fn split_plan(case: &Case) -> Result<SplitPlan, String> {
     let mut plan =
         v4_split_plan(p.rows, p.padded_rows, p.kernel_heads(), bound, case.cus, case.v4.splits).with_lens(&lens);
     plan.core_choice = case.v4_core;
-    let launch_rows = if case.v4.eager { p.rows } else { p.padded_rows };
-    plan.order = plan.piece_order(launch_rows, case.cus);
+    plan.order = plan.piece_order(v4::launch_rows(p, case.v4.eager), case.cus);
     Ok(plan)
 }
 
@@ -158,8 +157,8 @@ impl Run {
         let core = s.core().0;
         let mut p = Program::default();
         let inp = Inputs::add(&mut p, w);
-        // An eager call covers the N real rows; a graph-sized one all T.
-        let launch_rows = if job.case.v4.eager { w.p.rows } else { w.t };
+        let launch_rows = v4::launch_rows(&w.p, job.case.v4.eager);
+        debug_assert_eq!(v4::launch_rows(&w.p, false), w.t);
         // Stage 1 (or the one-split entry): the kv arguments, then `tail`.
         // The wgmma entries also take whether to run the longest pieces first.
         let order = (core == V4Core::Wg).then_some(Arg::I32(s.order.longest_first as i32));

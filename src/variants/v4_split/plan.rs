@@ -630,5 +630,17 @@ mod tests {
         };
         assert!(!short(LPT_MIN_PIECE_TOKENS - 1).piece_order(128, 132).longest_first);
         assert!(short(LPT_MIN_PIECE_TOKENS).piece_order(128, 132).longest_first);
+        // The kernel ranks as many rows as the host asks it to.
+        let src = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/kernels/common/v4_split_range.cuh"
+        ))
+        .unwrap();
+        let bits = LPT_MAX_ROWS.trailing_zeros();
+        assert_eq!(1 << bits, LPT_MAX_ROWS);
+        assert!(
+            src.contains(&format!("constexpr int LPT_ROW_BITS = {bits};")),
+            "v4_split_range.cuh's LPT_MAX_ROWS is not the host's"
+        );
     }
 }
