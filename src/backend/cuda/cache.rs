@@ -8,7 +8,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// Bump when the key's recipe or the stored format changes.
-const FORMAT: &str = "mlabench-cubin-v1";
+const FORMAT: &str = "mlabench-cubin-v2";
 
 /// The cache directory: `$MLABENCH_CACHE` (`off` disables caching), else
 /// `$XDG_CACHE_HOME/mlabench/kernels`, else `~/.cache/mlabench/kernels`.
@@ -22,40 +22,45 @@ pub fn default_dir() -> Option<PathBuf> {
     std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/mlabench/kernels"))
 }
 
-/// Headers under `kernels_dir` that `file` includes, transitively, as
-/// `(path relative to kernels_dir, contents)`. System headers (those not
-/// found under `kernels_dir`) are left out: the NVRTC version and the include
-/// directory in the options stand for them.
-pub fn local_includes(kernels_dir: &Path, file: &Path) -> BTreeMap<String, Vec<u8>> {
+/// Headers that `file` includes, transitively, as `(label, contents)`: each
+/// found under one of `roots` (searched in order after the including file's
+/// own folder) is labelled by the root's tag and its path under that root.
+/// Headers under none of them (NVRTC's built-ins) are left out: the NVRTC
+/// version stands for them. The labels hold no root's location, so a cache
+/// built under one checkout or kit folder serves a copy of it elsewhere.
+pub fn includes(roots: &[(&str, &Path)], file: &Path) -> BTreeMap<String, Vec<u8>> {
+    let roots: Vec<(&str, &Path, PathBuf)> = roots
+        .iter()
+        .filter_map(|&(tag, dir)| Some((tag, dir, dir.canonicalize().ok()?)))
+        .collect();
     let mut found = BTreeMap::new();
     let mut stack = vec![file.to_path_buf()];
     while let Some(cur) = stack.pop() {
         let Ok(text) = std::fs::read(&cur) else {
             continue;
         };
-        let here = cur.parent().unwrap_or(kernels_dir).to_path_buf();
         for name in include_names(&String::from_utf8_lossy(&text)) {
-            let Some(path) = [here.join(&name), kernels_dir.join(&name)]
+            let Some(canon) = cur
+                .parent()
                 .into_iter()
+                .chain(roots.iter().map(|r| r.1))
+                .map(|dir| dir.join(&name))
                 .find(|p| p.is_file())
+                .and_then(|p| p.canonicalize().ok())
             else {
                 continue;
             };
-            let Ok(canon) = path.canonicalize() else {
+            let Some(label) = roots
+                .iter()
+                .find_map(|(tag, _, root)| Some(format!("{tag}{}", canon.strip_prefix(root).ok()?.to_string_lossy())))
+            else {
                 continue;
             };
-            let Ok(root) = kernels_dir.canonicalize() else {
-                continue;
-            };
-            let Ok(rel) = canon.strip_prefix(&root) else {
-                continue;
-            };
-            let rel = rel.to_string_lossy().into_owned();
-            if found.contains_key(&rel) {
+            if found.contains_key(&label) {
                 continue;
             }
             if let Ok(bytes) = std::fs::read(&canon) {
-                found.insert(rel, bytes);
+                found.insert(label, bytes);
                 stack.push(canon);
             }
         }
@@ -84,9 +89,10 @@ fn include_names(src: &str) -> Vec<String> {
         .collect()
 }
 
-/// Hex sha256 over the format tag, the source, its local headers, the
-/// options and the NVRTC version; fields are length-prefixed so no two
-/// different inputs hash the same bytes.
+/// Hex sha256 over the format tag, the source, its headers, the options
+/// but the `-I` folders (the headers found through them count by content)
+/// and the NVRTC version; fields are length-prefixed so no two different
+/// inputs hash the same bytes.
 pub fn key(source: &[u8], headers: &BTreeMap<String, Vec<u8>>, options: &[String], nvrtc: (i32, i32)) -> String {
     let mut h = Sha256::new();
     let mut field = |b: &[u8]| {
@@ -100,7 +106,7 @@ pub fn key(source: &[u8], headers: &BTreeMap<String, Vec<u8>>, options: &[String
         field(bytes);
     }
     field(b"--options--");
-    for o in options {
+    for o in options.iter().filter(|o| !o.starts_with("-I")) {
         field(o.as_bytes());
     }
     field(format!("nvrtc {}.{}", nvrtc.0, nvrtc.1).as_bytes());
@@ -164,10 +170,43 @@ mod tests {
         std::fs::write(k.join("a.cu"), "#include <cuda_bf16.h>\n#include \"common/x.cuh\"\n").unwrap();
         std::fs::write(k.join("common/x.cuh"), "#include \"y.cuh\"\n").unwrap();
         std::fs::write(k.join("common/y.cuh"), "#include \"common/x.cuh\"\nint y;\n").unwrap();
-        let h = local_includes(k, &k.join("a.cu"));
+        let h = includes(&[("", k)], &k.join("a.cu"));
         let names: Vec<&str> = h.keys().map(String::as_str).collect();
         assert_eq!(names, vec!["common/x.cuh", "common/y.cuh"]);
         assert_eq!(h["common/y.cuh"], b"#include \"common/x.cuh\"\nint y;\n");
+    }
+
+    /// A kit's cache must serve a copy of the kernels and the CUDA headers
+    /// in other folders, and miss when a system header's bytes change.
+    #[test]
+    fn system_headers_count_by_content_not_location() {
+        let make = |root: &Path, sys_body: &str| {
+            let (k, cuda) = (root.join("kernels"), root.join("cuinc"));
+            std::fs::create_dir_all(k.join("common")).unwrap();
+            std::fs::create_dir_all(&cuda).unwrap();
+            std::fs::write(k.join("a.cu"), "#include <cuda_bf16.h>\n#include \"common/x.cuh\"\n").unwrap();
+            std::fs::write(k.join("common/x.cuh"), "int x;\n").unwrap();
+            std::fs::write(cuda.join("cuda_bf16.h"), "#include \"cuda_fp16.h\"\n").unwrap();
+            std::fs::write(cuda.join("cuda_fp16.h"), sys_body).unwrap();
+            let h = includes(&[("", &k), ("<cuda>/", &cuda)], &k.join("a.cu"));
+            let opts = vec![
+                "--gpu-architecture=sm_90a".to_string(),
+                format!("-I{}", k.display()),
+                format!("-I{}", cuda.display()),
+            ];
+            let k = key(b"src", &h, &opts, (13, 0));
+            (h, k)
+        };
+        let (a, b, c) = (
+            tempfile::tempdir().unwrap(),
+            tempfile::tempdir().unwrap(),
+            tempfile::tempdir().unwrap(),
+        );
+        let (ha, ka) = make(a.path(), "half;\n");
+        let names: Vec<&str> = ha.keys().map(String::as_str).collect();
+        assert_eq!(names, vec!["<cuda>/cuda_bf16.h", "<cuda>/cuda_fp16.h", "common/x.cuh"]);
+        assert_eq!(ka, make(b.path(), "half;\n").1);
+        assert_ne!(ka, make(c.path(), "half2;\n").1);
     }
 
     #[test]
@@ -181,6 +220,9 @@ mod tests {
         assert_ne!(base, key(b"src2", &hdr, &opts, (13, 0)));
         assert_ne!(base, key(b"src", &hdr, &opts, (13, 1)));
         assert_ne!(base, key(b"src", &hdr, &opts[..1], (13, 0)));
+        let mut with_dir = opts.clone();
+        with_dir.push("-I/any/where".to_string());
+        assert_eq!(base, key(b"src", &hdr, &with_dir, (13, 0)));
         let mut hdr2 = hdr.clone();
         hdr2.insert("common/x.cuh".to_string(), b"int x; ".to_vec());
         assert_ne!(base, key(b"src", &hdr2, &opts, (13, 0)));

@@ -109,7 +109,11 @@ impl Compiler {
             path: path.display().to_string(),
             err: e.to_string(),
         })?;
-        let headers = cache::local_includes(&self.kernels_dir, &path);
+        let roots = [
+            ("", self.kernels_dir.as_path()),
+            ("<cuda>/", self.include_dir.as_path()),
+        ];
+        let headers = cache::includes(&roots, &path);
         let options = self.options(spec);
         let key = cache::key(&source, &headers, &options, self.nvrtc.version);
         if let Some(cubin) = self.cache.as_ref().and_then(|c| c.get(&key)) {
