@@ -2,7 +2,7 @@
 # The whole H200 sweep in one device call (the device machine has no cargo:
 # build here, carry a stripped binary and the precompiled kernel cache).
 # Usage, on the device machine:
-#   scripts/h200-sweep.sh OUTDIR BIN DEADLINE_S [all|mla|sweep|v4|peers]
+#   scripts/h200-sweep.sh OUTDIR BIN DEADLINE_S [all|mla|sweep|v4|peers|selftest]
 # The whole sweep takes longer than one device command may run (10 min), so
 # `mla` (smoke, kimi, kimi on a one-GPU NCCL group, bandwidth; ~150 s + the group's), `sweep` (mla-sweep; ~350 s) and
 # `v4` (dsv4-pro, splits, v4-sweep; ~200 s) split it into calls. `peers`
@@ -10,7 +10,12 @@
 # (docs/protocol.md) named in PEER_MLA (e.g. "adapters/flashmla/impl.toml
 # adapters/flashinfer/impl.toml") and PEER_V4 (adapters/flashmla/v4.toml),
 # each installed on the machine (results/h200/peers/README.md); ~60-110 s.
-# Env: RUN_ARGS, flags added to every `run` (split on spaces, e.g. "--graph").
+# `selftest` (not in `all`): every planted bug of selftest/bugs.toml on the
+# GPU; its kernels come from the kit's cache when kit.sh compiled them.
+# Env: EXPECT_GPU, a part of the device name the runs are for (default
+# H200; empty: any): a lent machine of another card runs nothing (exit 2),
+# so its numbers never land under results/h200.
+# RUN_ARGS, flags added to every `run` (split on spaces, e.g. "--graph").
 # RUNS_DIR, where the run directories go (default OUTDIR/runs). A device
 # call returns at most 8 files from $OUT, so there pass a directory outside
 # it (RUNS_DIR=$(mktemp -d)) and fetch OUTDIR/runs.tgz alone.
@@ -22,7 +27,7 @@ OUT=${1:?usage: h200-sweep.sh OUTDIR BIN DEADLINE_S}
 BIN=${2:?}
 DEADLINE=$(( $(date +%s) + ${3:?} ))
 PART=${4:-all}
-case $PART in all|mla|sweep|v4|peers) ;; *) echo "part must be all, mla, sweep, v4 or peers, not '$PART'" >&2; exit 2 ;; esac
+case $PART in all|mla|sweep|v4|peers|selftest) ;; *) echo "part must be all, mla, sweep, v4, peers or selftest, not '$PART'" >&2; exit 2 ;; esac
 read -r -a MLA_IMPLS <<<"${PEER_MLA:-}"
 read -r -a V4_IMPLS <<<"${PEER_V4:-}"
 impl_args() { local f; for f in "$@"; do printf -- '--impl\n%s\n' "$f"; done; }
@@ -36,17 +41,24 @@ export MLABENCH_CACHE=${MLABENCH_CACHE:-$PWD/.kcache}
 summary=()
 step() {
     local part=$1 id=$2; shift 2
-    [[ $PART == "$part" || ($PART == all && $part != peers) ]] || return 0
+    [[ $PART == "$part" || ($PART == all && $part != peers && $part != selftest) ]] || return 0
     local left=$(( DEADLINE - $(date +%s) ))
     if (( left < 15 )); then summary+=("$id: not run (deadline)"); return; fi
     local extra=()
     [[ $1 == run ]] && extra=("${EXTRA[@]}")
-    timeout "$left" "$BIN" "$@" "${extra[@]}" --backend cuda --out "$R" --run-id "$id" >"$R/$id.log" 2>&1
+    local where=(--out "$R" --run-id "$id")
+    [[ $1 == selftest ]] && where=(--out "$R/$id")
+    timeout "$left" "$BIN" "$@" "${extra[@]}" --backend cuda "${where[@]}" >"$R/$id.log" 2>&1
     local rc=$?
-    summary+=("$id (exit $rc): $(grep -E 'passed, |regret' "$R/$id.log" | tail -2 | tr '\n' ' ')")
+    summary+=("$id (exit $rc): $(grep -E 'passed, |regret|planted bugs caught' "$R/$id.log" | tail -2 | tr '\n' ' ')")
     tar czf "$OUT/runs.tgz" -C "$R" --transform 's,^\.,runs,' .
 }
 "$BIN" device >"$R/device.txt" 2>&1 || { cat "$R/device.txt"; exit 2; }
+card=$(sed -n 's/^device  *//p' "$R/device.txt" | head -1)
+if [[ -n ${EXPECT_GPU-H200} && $card != *"${EXPECT_GPU-H200}"* ]]; then
+    echo "this machine's GPU is '$card', not an ${EXPECT_GPU-H200}: nothing run (set EXPECT_GPU to the card the runs are for, or EXPECT_GPU= for any)" >&2
+    exit 2
+fi
 step mla smoke run scenarios/smoke.toml --min-time-ms 20
 step mla kimi-k3-dcp8 run scenarios/kimi-k3-dcp8.toml --min-time-ms 20
 # The DCP step through NCCL on one GPU (world size 1), bf16 and f32 reduce,
@@ -65,5 +77,6 @@ if (( ${#V4_IMPLS[@]} )); then
     mapfile -t a < <(impl_args "${V4_IMPLS[@]}")
     step peers dsv4-peers run scenarios/dsv4-peers.toml --check-rows 16 --min-time-ms 20 "${a[@]}"
 fi
+step selftest selftest selftest
 cat "$R/device.txt"
 printf '%s\n' "${summary[@]}"
