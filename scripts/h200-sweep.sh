@@ -55,8 +55,9 @@ step() {
 }
 "$BIN" device >"$R/device.txt" 2>&1 || { cat "$R/device.txt"; exit 2; }
 card=$(sed -n 's/^device  *//p' "$R/device.txt" | head -1)
-if [[ -n ${EXPECT_GPU-H200} && $card != *"${EXPECT_GPU-H200}"* ]]; then
-    echo "this machine's GPU is '$card', not an ${EXPECT_GPU-H200}: nothing run (set EXPECT_GPU to the card the runs are for, or EXPECT_GPU= for any)" >&2
+want=${EXPECT_GPU-H200}
+if [[ -n $want && $card != *"$want"* ]]; then
+    echo "this machine's GPU is '$card', not an $want: nothing run (set EXPECT_GPU to the card the runs are for, or EXPECT_GPU= for any)" >&2
     exit 2
 fi
 step mla smoke run scenarios/smoke.toml --min-time-ms 20

@@ -29,9 +29,9 @@ pub fn default_dir() -> Option<PathBuf> {
 /// version stands for them. The labels hold no root's location, so a cache
 /// built under one checkout or kit folder serves a copy of it elsewhere.
 pub fn includes(roots: &[(&str, &Path)], file: &Path) -> BTreeMap<String, Vec<u8>> {
-    let roots: Vec<(&str, &Path, PathBuf)> = roots
+    let roots: Vec<(&str, PathBuf)> = roots
         .iter()
-        .filter_map(|&(tag, dir)| Some((tag, dir, dir.canonicalize().ok()?)))
+        .filter_map(|&(tag, dir)| Some((tag, dir.canonicalize().ok()?)))
         .collect();
     let mut found = BTreeMap::new();
     let mut stack = vec![file.to_path_buf()];
@@ -43,7 +43,7 @@ pub fn includes(roots: &[(&str, &Path)], file: &Path) -> BTreeMap<String, Vec<u8
             let Some(canon) = cur
                 .parent()
                 .into_iter()
-                .chain(roots.iter().map(|r| r.1))
+                .chain(roots.iter().map(|r| r.1.as_path()))
                 .map(|dir| dir.join(&name))
                 .find(|p| p.is_file())
                 .and_then(|p| p.canonicalize().ok())
@@ -52,7 +52,7 @@ pub fn includes(roots: &[(&str, &Path)], file: &Path) -> BTreeMap<String, Vec<u8
             };
             let Some(label) = roots
                 .iter()
-                .find_map(|(tag, _, root)| Some(format!("{tag}{}", canon.strip_prefix(root).ok()?.to_string_lossy())))
+                .find_map(|(tag, root)| Some(format!("{tag}{}", canon.strip_prefix(root).ok()?.to_string_lossy())))
             else {
                 continue;
             };
